@@ -1,0 +1,5 @@
+"""envbisect: find which environment change made ML training slow."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,95 @@
+"""The framed result channel of an agent (stdlib only, Python 3.8+ syntax).
+
+An agent is shipped on stdin to ``<python> -``. Before its program runs, ``open_channel``
+moves the real stdout out of the way: fd 1 becomes a copy of fd 2, so anything a library
+prints -- Python ``print``, C-level ``write(1, ...)``, a sitecustomize -- lands on stderr.
+The result is written once, on the saved real stdout, between two marker lines that carry
+a per-call nonce, as base64 of JSON. Noise cannot corrupt it and a ``tail`` cannot hide it.
+
+The channel also keeps the agent from outliving its caller: a watchdog exits at the
+deadline, and a heartbeat (a bare newline, ignored by the reader) exits as soon as the real
+stdout is broken -- which is what happens when an ssh or container layer dies.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import threading
+import time
+
+_state = {"fd": None, "nonce": None, "lock": threading.Lock(), "done": False}
+
+EXIT_DEADLINE = 124
+EXIT_BROKEN_PIPE = 141
+
+
+def _write(data):
+    fd = _state["fd"]
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _watchdog(deadline_s):
+    time.sleep(deadline_s)
+    if not _state["done"]:
+        sys.stderr.write("envbisect agent: deadline of %.0fs reached, exiting\n" % deadline_s)
+        sys.stderr.flush()
+        os._exit(EXIT_DEADLINE)
+
+
+def _heartbeat(interval_s):
+    while not _state["done"]:
+        time.sleep(interval_s)
+        with _state["lock"]:
+            if _state["done"]:
+                return
+            try:
+                _write(b"\n")
+            except OSError:
+                os._exit(EXIT_BROKEN_PIPE)
+
+
+def open_channel(nonce, deadline_s=None, heartbeat_s=2.0):
+    """Save the real stdout, point fd 1 at stderr, start the watchdog and heartbeat."""
+    sys.stdout.flush()
+    _state["fd"] = os.dup(1)
+    _state["nonce"] = nonce
+    os.dup2(2, 1)
+    if deadline_s:
+        threading.Thread(target=_watchdog, args=(float(deadline_s),), daemon=True).start()
+    if heartbeat_s:
+        threading.Thread(target=_heartbeat, args=(float(heartbeat_s),), daemon=True).start()
+
+
+def frame(nonce, obj):
+    """Bytes of one frame holding ``obj``."""
+    payload = base64.b64encode(json.dumps(obj, sort_keys=True, default=str).encode("utf-8"))
+    return b"".join(
+        [
+            b"\n<<ENVBISECT ",
+            nonce.encode("ascii"),
+            b" BEGIN>>\n",
+            payload,
+            b"\n<<ENVBISECT ",
+            nonce.encode("ascii"),
+            b" END>>\n",
+        ]
+    )
+
+
+def emit(obj):
+    """Write the result frame on the real stdout (once)."""
+    with _state["lock"]:
+        _write(frame(_state["nonce"], obj))
+        _state["done"] = True
+
+
+def write_stdout_line(line):
+    """Write one line on the real stdout, outside any frame (e.g. ``ENVBISECT_RESULT {...}``)."""
+    with _state["lock"]:
+        _write(line.rstrip("\n").encode("utf-8") + b"\n")

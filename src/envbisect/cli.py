@@ -1,0 +1,71 @@
+"""The ``envbisect`` command line: a click group and the one place errors become exit codes.
+
+Each verb lives in ``envbisect.commands.<verb>`` and stays thin: validate, call one core
+function, render, return an exit code. Core modules are imported inside the callbacks so
+that ``envbisect --help`` and the snapshot path start fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from envbisect import __version__
+from envbisect.commands import check, demo, diff, log, reset, run, smoke, snapshot
+from envbisect.errors import EnvBisectError
+
+EPILOG = """\
+\b
+Typical session:
+  envbisect snapshot --label good        # on the fast machine state
+  envbisect snapshot --label bad         # after things changed
+  envbisect diff manifests/good-*.yaml manifests/bad-*.yaml
+  envbisect run --good manifests/good-*.yaml --until-ktoks 12k
+
+Exit codes: 0 ok / identical / culprit found, 1 different / bad / no single culprit,
+2 bad input, 125 cannot test (check), 130 interrupted.
+"""
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="envbisect")
+def cli() -> None:
+    """Find which environment change made ML training slow.
+
+    envbisect records the facts of a machine state (snapshot), shows what differs
+    between two states (diff), and re-runs a training smoke test on in-between states
+    until it names the change that caused the throughput drop (run).
+    """
+
+
+for _command in (
+    snapshot.command,
+    diff.command,
+    run.command,
+    check.command,
+    smoke.command,
+    log.command,
+    reset.command,
+    demo.command,
+):
+    cli.add_command(_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the group, map EnvBisectError to one line and its exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="envbisect", standalone_mode=False)
+    except EnvBisectError as exc:
+        click.echo(f"envbisect: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("envbisect: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("envbisect: interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

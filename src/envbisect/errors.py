@@ -1,0 +1,50 @@
+"""The one error root. Only cli.py maps these to exit codes.
+
+Every message is a single line that names the file, field, host or layer at fault.
+"""
+
+from __future__ import annotations
+
+
+class EnvBisectError(Exception):
+    """Base of every error envbisect raises on purpose; exit code 2 unless stated."""
+
+    exit_code = 2
+
+
+class UsageError(EnvBisectError):
+    """A command-line value that cannot be used."""
+
+
+class ConfigError(EnvBisectError):
+    """envbisect.yaml is missing a field, has a wrong type or cannot be parsed."""
+
+
+class ManifestError(EnvBisectError):
+    """A manifest file is malformed, of another schema, or has a field of the wrong type."""
+
+
+class CollectError(EnvBisectError):
+    """The collector agent could not produce a manifest at all."""
+
+
+class TransportError(EnvBisectError):
+    """A layer chain is invalid, or a program run through it returned no framed result."""
+
+
+class ActuationError(EnvBisectError):
+    """An in-between state could not be realized (venv, worktree, file, cache)."""
+
+
+class SmokeError(EnvBisectError):
+    """The smoke test could not be started or its result could not be read."""
+
+
+class SessionError(EnvBisectError):
+    """A bisection session directory is missing, locked or inconsistent."""
+
+
+class Interrupted(EnvBisectError):
+    """The user interrupted a long run; state was saved."""
+
+    exit_code = 130

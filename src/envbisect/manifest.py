@@ -1,0 +1,150 @@
+"""The manifest: facts of one machine state (schema ``envbisect/manifest@1``).
+
+Loading is shared by every command: a malformed file, a missing or newer ``schema`` or a
+section of the wrong type is one ManifestError naming the file and the field. Unknown extra
+keys are kept. Saving is atomic (temp file in the same directory, then rename).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envbisect.errors import ManifestError
+
+SCHEMA_NAME = "envbisect/manifest"
+SCHEMA_VERSION = 1
+SCHEMA = f"{SCHEMA_NAME}@{SCHEMA_VERSION}"
+
+# Section order in the written file (stable, human-first); unknown sections follow.
+SECTIONS: tuple[str, ...] = (
+    "meta",
+    "system",
+    "python",
+    "torch",
+    "gpu",
+    "packages",
+    "git",
+    "files",
+    "data",
+    "caches",
+    "env",
+    "probes",
+)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A loaded or freshly collected manifest. ``sections`` maps section name to mapping."""
+
+    sections: dict[str, Any]
+    path: Path | None = None
+
+    def section(self, name: str) -> dict[str, Any]:
+        value = self.sections.get(name)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def label(self) -> str:
+        return str(self.section("meta").get("label") or (self.path.stem if self.path else "?"))
+
+    def as_dict(self) -> dict[str, Any]:
+        ordered: dict[str, Any] = {"schema": SCHEMA}
+        for name in SECTIONS:
+            if name in self.sections:
+                ordered[name] = self.sections[name]
+        for name, value in self.sections.items():
+            if name not in ordered:
+                ordered[name] = value
+        return ordered
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(
+            self.as_dict(), sort_keys=False, allow_unicode=True, default_flow_style=False, width=120
+        )
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str, path: Path | None = None) -> Manifest:
+        """Validate the top level of a parsed manifest; ``source`` names it in errors."""
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source}: not a manifest (top level is not a mapping)")
+        schema = data.get("schema")
+        if schema is None:
+            raise ManifestError(f"{source}: field 'schema' is missing (expected {SCHEMA!r})")
+        if not isinstance(schema, str) or "@" not in schema:
+            raise ManifestError(f"{source}: field 'schema' must look like {SCHEMA!r}, got {schema!r}")
+        name, _, version = schema.partition("@")
+        if name != SCHEMA_NAME:
+            raise ManifestError(f"{source}: field 'schema' is {schema!r}, not an envbisect manifest")
+        if not version.isdigit():
+            raise ManifestError(f"{source}: field 'schema' has a bad version {version!r}")
+        if int(version) > SCHEMA_VERSION:
+            raise ManifestError(
+                f"{source}: field 'schema' is {schema!r}, newer than this envbisect reads "
+                f"({SCHEMA}); upgrade envbisect"
+            )
+        sections = {k: v for k, v in data.items() if k != "schema"}
+        for name in SECTIONS:
+            if name in sections and sections[name] is not None and not isinstance(
+                sections[name], dict
+            ):
+                kind = type(sections[name]).__name__
+                raise ManifestError(f"{source}: field '{name}' must be a mapping, got {kind}")
+            if sections.get(name) is None and name in sections:
+                sections[name] = {}
+        errors = sections.get("meta", {}).get("errors", [])
+        if errors is not None and not isinstance(errors, list):
+            raise ManifestError(f"{source}: field 'meta.errors' must be a list")
+        return cls(sections=sections, path=path)
+
+
+def load(path: str | Path) -> Manifest:
+    """Read and validate a manifest file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ManifestError(f"{p}: no such manifest file") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{p}: is a directory, not a manifest file") from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{p}: not a text file") from None
+    except OSError as exc:
+        raise ManifestError(f"{p}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ManifestError(f"{p}: malformed YAML{where}: {problem}") from None
+    return Manifest.from_dict(data, str(p), path=p)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save(manifest: Manifest, path: Path) -> Path:
+    """Write ``manifest`` atomically as YAML to ``path``."""
+    atomic_write_text(path, manifest.to_yaml())
+    return path

@@ -1,0 +1,30 @@
+"""Shared test fixtures. Area-specific fixtures live in tests/helpers_<area>.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Env prefixes the collector and the smoke test read: a developer's own settings must not
+# leak into what tests observe.
+_ISOLATED_PREFIXES = (
+    "PYTORCH_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "TORCHDYNAMO_",
+    "TRITON_",
+    "CUDA_",
+    "NCCL_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "ENVBISECT",
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(_ISOLATED_PREFIXES):
+            monkeypatch.delenv(name, raising=False)
