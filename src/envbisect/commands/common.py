@@ -50,3 +50,16 @@ def config_option(func: F) -> F:
         default=None,
         help="envbisect.yaml to use (default: found by walking up from the current directory).",
     )(func)
+
+
+def resolve_target(
+    config: Any, python: str | None, via: tuple[str, ...], target_name: str | None
+) -> tuple[Any, str]:
+    """The Transport and target python for ``--python/--via/--target``.
+
+    Placeholder: local only. The transport work replaces this body (layer parsing, targets
+    from envbisect.yaml, validation).
+    """
+    from envbisect.transport import Transport
+
+    return Transport(), python or "python3"
