@@ -7,6 +7,7 @@ keys are kept. Saving is atomic (temp file in the same directory, then rename).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ SECTIONS: tuple[str, ...] = (
     "env",
     "probes",
 )
+
+# Sections whose every entry is itself a mapping of facts.
+_KEYED_SECTIONS: tuple[str, ...] = ("packages", "git", "files", "data", "caches", "probes")
 
 
 @dataclass(frozen=True)
@@ -77,10 +81,14 @@ class Manifest:
         if schema is None:
             raise ManifestError(f"{source}: field 'schema' is missing (expected {SCHEMA!r})")
         if not isinstance(schema, str) or "@" not in schema:
-            raise ManifestError(f"{source}: field 'schema' must look like {SCHEMA!r}, got {schema!r}")
+            raise ManifestError(
+                f"{source}: field 'schema' must look like {SCHEMA!r}, got {schema!r}"
+            )
         name, _, version = schema.partition("@")
         if name != SCHEMA_NAME:
-            raise ManifestError(f"{source}: field 'schema' is {schema!r}, not an envbisect manifest")
+            raise ManifestError(
+                f"{source}: field 'schema' is {schema!r}, not an envbisect manifest"
+            )
         if not version.isdigit():
             raise ManifestError(f"{source}: field 'schema' has a bad version {version!r}")
         if int(version) > SCHEMA_VERSION:
@@ -90,8 +98,10 @@ class Manifest:
             )
         sections = {k: v for k, v in data.items() if k != "schema"}
         for name in SECTIONS:
-            if name in sections and sections[name] is not None and not isinstance(
-                sections[name], dict
+            if (
+                name in sections
+                and sections[name] is not None
+                and not isinstance(sections[name], dict)
             ):
                 kind = type(sections[name]).__name__
                 raise ManifestError(f"{source}: field '{name}' must be a mapping, got {kind}")
@@ -100,6 +110,19 @@ class Manifest:
         errors = sections.get("meta", {}).get("errors", [])
         if errors is not None and not isinstance(errors, list):
             raise ManifestError(f"{source}: field 'meta.errors' must be a list")
+        for name in _KEYED_SECTIONS:
+            for key, entry in sections.get(name, {}).items():
+                if not isinstance(entry, dict):
+                    kind = type(entry).__name__
+                    raise ManifestError(
+                        f"{source}: field '{name}.{key}' must be a mapping, got {kind}"
+                    )
+        for key, value in sections.get("env", {}).items():
+            if not isinstance(value, (str, dict)):
+                kind = type(value).__name__
+                raise ManifestError(
+                    f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
+                )
         return cls(sections=sections, path=path)
 
 
@@ -128,19 +151,22 @@ def load(path: str | Path) -> Manifest:
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so readers see the old file or the whole new one."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

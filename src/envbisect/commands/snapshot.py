@@ -1,13 +1,84 @@
-"""`envbisect snapshot`."""
+"""`envbisect snapshot`: record the facts of a machine state into a manifest."""
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import click
 
-from envbisect.errors import UsageError
+from envbisect.commands.common import config_option, resolve_target, target_options
 
 
 @click.command("snapshot")
-def command() -> int:
-    """Not built yet."""
-    raise UsageError("'envbisect snapshot' is not built yet")
+@click.option("--label", default=None, help="Manifest label (default: 'label:' in config).")
+@click.option("--repo", "repos", multiple=True, metavar="PATH", help="Git repo to record.")
+@click.option("--file", "files", multiple=True, metavar="GLOB", help="Files to hash.")
+@click.option("--data", "data", multiple=True, metavar="PATH", help="Dataset to fingerprint.")
+@click.option("--probe", "probes", multiple=True, metavar="DOTTED", help="Function to probe.")
+@click.option("--env", "env", multiple=True, metavar="NAME", help="Extra env var to record.")
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    metavar="PATH",
+    help="Where to write the manifest; '-' for stdout "
+    "(default: <manifests_dir>/<label>-<UTC time>.yaml).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds the collector may take in the target.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep the collector's full stdout/stderr here.",
+)
+@target_options
+@config_option
+def command(
+    label: str | None,
+    repos: tuple[str, ...],
+    files: tuple[str, ...],
+    data: tuple[str, ...],
+    probes: tuple[str, ...],
+    env: tuple[str, ...],
+    output: str | None,
+    timeout_s: float,
+    log_dir: Path | None,
+    python: str | None,
+    via: tuple[str, ...],
+    target_name: str | None,
+    print_command: bool,
+    config_path: str | None,
+) -> int:
+    """Record the facts of a machine state (packages, torch build, GPU, git, files,
+    data, compile caches, env, probes) into a manifest.
+
+    The collector runs inside the target Python (--python, through any --via layers) and
+    never imports torch. A summary goes to stderr; the manifest path to stdout.
+    """
+    from envbisect.collect import summary, take_snapshot, write_snapshot
+    from envbisect.config import Config
+
+    config = Config.load(Path(config_path) if config_path else None).with_overrides(
+        repos=repos, files=files, data=data, probes=probes, env=env
+    )
+    transport, target_python = resolve_target(config, python, via, target_name)
+    if print_command:
+        click.echo(shlex.join(transport.compose([target_python, "-"])))
+        return 0
+    manifest = take_snapshot(
+        config, transport, target_python, label=label, log_dir=log_dir, timeout_s=timeout_s
+    )
+    path = write_snapshot(manifest, output, config)
+    for line in summary(manifest):
+        click.echo(line, err=True)
+    if path is not None:
+        click.echo(str(path))
+    return 0

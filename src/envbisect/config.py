@@ -1,0 +1,297 @@
+"""``envbisect.yaml``: discovery and validation.
+
+The file is found by walking up from the working directory (or named with ``--config``).
+Every key is optional. Relative paths and globs are resolved against the directory that
+holds the file (``Config.root``); without a file, against the working directory. A wrong
+type or an unknown key is one ConfigError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from envbisect.errors import ConfigError
+
+CONFIG_NAME = "envbisect.yaml"
+
+# keep_blobs: true stores files up to this many bytes each.
+DEFAULT_BLOB_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class Target:
+    """A named layer chain under ``targets:``; ``via`` holds layer strings, outermost first."""
+
+    via: tuple[str, ...] = ()
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated contents of envbisect.yaml (all fields optional)."""
+
+    root: Path
+    path: Path | None = None
+    label: str | None = None
+    repos: tuple[Path, ...] = ()
+    files: tuple[str, ...] = ()  # absolute glob patterns
+    data: tuple[Path, ...] = ()
+    caches: Mapping[str, Path] = field(default_factory=dict)
+    probes: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    keep_blobs: int | None = None  # max bytes per stored file; None: store nothing
+    manifests_dir: Path = Path("manifests")
+    targets: Mapping[str, Target] = field(default_factory=dict)
+    good: Path | None = None
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    data_map: Mapping[str, str] = field(default_factory=dict)
+    smoke: tuple[str, ...] | None = None  # one argv
+
+    @classmethod
+    def load(cls, path: Path | None = None, cwd: Path | None = None) -> Config:
+        """Read ``path``, or the first envbisect.yaml from ``cwd`` upwards, or defaults."""
+        here = (cwd or Path.cwd()).absolute()
+        if path is None:
+            found = find_config(here)
+            if found is None:
+                return cls(root=here, manifests_dir=here / "manifests")
+            path = found
+        else:
+            path = Path(path)
+            if not path.is_absolute():
+                path = here / path
+            if not path.is_file():
+                raise ConfigError(f"{path}: no such config file")
+        return cls.from_mapping(_read_yaml(path), path)
+
+    @classmethod
+    def from_mapping(cls, data: Any, path: Path) -> Config:
+        """Validate a parsed envbisect.yaml that lives at ``path``."""
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of settings")
+        unknown = sorted(str(k) for k in data if k not in _FIELDS)
+        if unknown:
+            hint = difflib.get_close_matches(unknown[0], _FIELDS, n=1)
+            tip = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise ConfigError(f"{path}: unknown field '{unknown[0]}'{tip}")
+        v = _Validator(path, path.parent.absolute())
+        return cls(
+            root=v.root,
+            path=path,
+            label=v.opt_str(data, "label"),
+            repos=tuple(v.path(p) for p in v.str_list(data, "repos")),
+            files=tuple(v.glob(p) for p in v.str_list(data, "files")),
+            data=tuple(v.path(p) for p in v.str_list(data, "data")),
+            caches={k: v.path(p) for k, p in sorted(v.str_map(data, "caches").items())},
+            probes=tuple(v.str_list(data, "probes")),
+            env=tuple(v.str_list(data, "env")),
+            keep_blobs=v.keep_blobs(data),
+            manifests_dir=v.path(v.opt_str(data, "manifests_dir") or "manifests"),
+            targets=v.targets(data),
+            good=v.path(good) if (good := v.opt_str(data, "good")) else None,
+            index_url=v.opt_str(data, "index_url"),
+            extra_index_urls=tuple(v.str_list(data, "extra_index_urls")),
+            find_links=tuple(v.location(p) for p in v.str_list(data, "find_links")),
+            data_map={
+                str(v.path(k)): str(v.path(p))
+                for k, p in sorted(v.str_map(data, "data_map").items())
+            },
+            smoke=v.argv(data, "smoke"),
+        )
+
+    def with_overrides(self, **values: Any) -> Config:
+        """A copy with CLI additions: list fields are extended, scalars replaced.
+
+        Relative paths given on the command line are taken against the working directory.
+        ``None`` and empty values leave the field as it is.
+        """
+        cwd = Path.cwd()
+        changes: dict[str, Any] = {}
+        for name, value in values.items():
+            if name not in _FIELDS:
+                raise TypeError(f"Config has no field {name!r}")
+            if value is None or (isinstance(value, (list, tuple)) and not value):
+                continue
+            current = getattr(self, name)
+            if name in ("repos", "data"):
+                changes[name] = current + tuple(_absolute(Path(p), cwd) for p in value)
+            elif name == "files":
+                changes[name] = current + tuple(str(_absolute(Path(p), cwd)) for p in value)
+            elif isinstance(current, tuple):
+                changes[name] = current + tuple(str(p) for p in value)
+            elif name in ("manifests_dir", "good"):
+                changes[name] = _absolute(Path(value), cwd)
+            else:
+                changes[name] = value
+        return replace(self, **changes)
+
+    @property
+    def blobs_dir(self) -> Path:
+        """Where file contents are stored, content-addressed."""
+        return self.manifests_dir / "blobs"
+
+
+_FIELDS = (
+    "label",
+    "repos",
+    "files",
+    "data",
+    "caches",
+    "probes",
+    "env",
+    "keep_blobs",
+    "manifests_dir",
+    "targets",
+    "good",
+    "index_url",
+    "extra_index_urls",
+    "find_links",
+    "data_map",
+    "smoke",
+)
+
+
+def find_config(start: Path) -> Path | None:
+    """The nearest envbisect.yaml in ``start`` or one of its parents."""
+    for directory in (start, *start.parents):
+        candidate = directory / CONFIG_NAME
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+
+
+def _absolute(p: Path, base: Path) -> Path:
+    p = p.expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text
+
+
+class _Validator:
+    """Type checks that raise one ConfigError naming the file and the field."""
+
+    def __init__(self, path: Path, root: Path) -> None:
+        self.file = path
+        self.root = root
+
+    def fail(self, name: str, expected: str, got: Any) -> ConfigError:
+        return ConfigError(f"{self.file}: field '{name}' must be {expected}, got {got!r}")
+
+    def path(self, text: str) -> Path:
+        return _absolute(Path(text), self.root)
+
+    def glob(self, text: str) -> str:
+        return str(self.path(text))
+
+    def location(self, text: str) -> str:
+        return text if _is_url(text) else str(self.path(text))
+
+    def opt_str(self, data: dict[str, Any], name: str) -> str | None:
+        value = data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.fail(name, "a string", value)
+        return str(value)
+
+    def str_list(self, data: dict[str, Any], name: str, where: str | None = None) -> list[str]:
+        value = data.get(name)
+        where = where or name
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise self.fail(where, "a list of strings", value)
+        for i, item in enumerate(value):
+            if not isinstance(item, str) or not item:
+                raise self.fail(f"{where}[{i}]", "a non-empty string", item)
+        return list(value)
+
+    def str_map(self, data: dict[str, Any], name: str) -> dict[str, str]:
+        value = data.get(name)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(name, "a mapping of name: path", value)
+        for key, item in value.items():
+            if not isinstance(key, str) or not isinstance(item, str) or not item:
+                raise self.fail(f"{name}.{key}", "a string", item)
+        return dict(value)
+
+    def keep_blobs(self, data: dict[str, Any]) -> int | None:
+        value = data.get("keep_blobs")
+        if value is None or value is False:
+            return None
+        if value is True:
+            return DEFAULT_BLOB_LIMIT
+        if isinstance(value, int) and value > 0:
+            return value
+        raise self.fail("keep_blobs", "true, false or a positive byte count", value)
+
+    def argv(self, data: dict[str, Any], name: str) -> tuple[str, ...] | None:
+        value = data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                parts = shlex.split(value)
+            except ValueError as exc:
+                raise self.fail(name, f"a command line ({exc})", value) from None
+        elif isinstance(value, list) and all(isinstance(x, (str, int, float)) for x in value):
+            parts = [str(x) for x in value]
+        else:
+            raise self.fail(name, "an argv list or a command string", value)
+        if not parts:
+            raise self.fail(name, "a non-empty command", value)
+        return tuple(parts)
+
+    def targets(self, data: dict[str, Any]) -> dict[str, Target]:
+        value = data.get("targets")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail("targets", "a mapping of name: {via, python}", value)
+        out: dict[str, Target] = {}
+        for name, spec in sorted(value.items(), key=lambda kv: str(kv[0])):
+            where = f"targets.{name}"
+            if not isinstance(spec, dict):
+                raise self.fail(where, "a mapping with 'via' and/or 'python'", spec)
+            extra = sorted(str(k) for k in spec if k not in ("via", "python"))
+            if extra:
+                raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
+            via = self.str_list(spec, "via", f"{where}.via")
+            python = spec.get("python")
+            if python is not None and not isinstance(python, str):
+                raise self.fail(f"{where}.python", "a string", python)
+            out[str(name)] = Target(via=tuple(via), python=python)
+        return out
