@@ -1,0 +1,399 @@
+"""A bisection session on disk: append-only log, file journal, sandboxes, lock.
+
+Layout of a session directory (default ``.envbisect/session/``)::
+
+    log.jsonl        append-only events: start, trial, worktree, venv, end, interrupted, reset
+    journal.jsonl    every in-place file swap, written *before* the file is touched
+    backups/N        the original bytes of swap N
+    trials/NNN/      full stdout/stderr (and result files) of every run of trial NNN
+    venvs/<hash>/    one uv venv per distinct package set
+    worktrees/...    git worktrees at the commits the trials needed
+    caches/...       copies of warm compile caches
+    lock             pid of the envbisect process using the session
+
+Every event line is one JSON object; a torn last line (``kill -9`` mid-write) is ignored.
+``--resume`` reads the trial events back so no finished trial is repeated, and
+``reset`` restores every journaled file, removes the worktrees and the venvs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbisect.errors import SessionError
+
+LOG_NAME = "log.jsonl"
+JOURNAL_NAME = "journal.jsonl"
+LOCK_NAME = "lock"
+
+
+def _append_line(path: Path, obj: dict[str, Any]) -> None:
+    """Append one JSON line and fsync, so a kill right after still finds it."""
+    data = (json.dumps(obj, sort_keys=True, default=str) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue  # a torn line from a kill mid-write
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def state_key(applied: Iterable[str], positions: Iterable[tuple[str, int]] = ()) -> str:
+    """A stable key for a state: sorted unit ids plus ordered-unit positions."""
+    body = json.dumps({"a": sorted(applied), "p": sorted(list(p) for p in positions)})
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One measured trial as logged."""
+
+    index: int
+    key: str
+    applied: tuple[str, ...]
+    positions: tuple[tuple[str, int], ...]
+    samples: tuple[float, ...]
+    failure: str | None
+    log_dir: str
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def from_event(cls, ev: dict[str, Any]) -> TrialRecord:
+        return cls(
+            index=int(ev["index"]),
+            key=str(ev["key"]),
+            applied=tuple(ev.get("applied") or ()),
+            positions=tuple((str(u), int(i)) for u, i in ev.get("positions") or ()),
+            samples=tuple(float(s) for s in ev.get("samples") or ()),
+            failure=ev.get("failure"),
+            log_dir=str(ev.get("log_dir") or ""),
+            notes=tuple(ev.get("notes") or ()),
+        )
+
+    def as_event(self) -> dict[str, Any]:
+        return {
+            "type": "trial",
+            "index": self.index,
+            "key": self.key,
+            "applied": list(self.applied),
+            "positions": [list(p) for p in self.positions],
+            "samples": list(self.samples),
+            "failure": self.failure,
+            "log_dir": self.log_dir,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class FileJournal:
+    """In-place file swaps that can always be undone, even after ``kill -9``.
+
+    ``swap`` copies the original to ``backups/N`` and appends a journal line (both fsynced)
+    *before* writing the new content; ``restore`` puts every open swap back and appends
+    ``restored`` lines. Restoring is idempotent.
+    """
+
+    path: Path
+    backups: Path
+    _open: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for entry in self.open_swaps():
+            self._open[entry["path"]] = int(entry["id"])
+
+    def open_swaps(self) -> list[dict[str, Any]]:
+        """Swap entries with no ``restored`` entry yet, in order."""
+        entries = _read_lines(self.path)
+        restored = {e["id"] for e in entries if e.get("op") == "restored"}
+        return [e for e in entries if e.get("op") == "swap" and e["id"] not in restored]
+
+    def swap(self, target: Path, content: bytes | None) -> None:
+        """Replace ``target`` by ``content`` (None: remove it), journaling the original."""
+        target = Path(target)
+        key = str(target)
+        if key not in self._open:
+            entries = _read_lines(self.path)
+            swap_id = 1 + max((int(e["id"]) for e in entries if "id" in e), default=0)
+            self.backups.mkdir(parents=True, exist_ok=True)
+            backup = self.backups / str(swap_id)
+            entry: dict[str, Any] = {"op": "swap", "id": swap_id, "path": key, "existed": False}
+            if target.is_file() or target.is_symlink():
+                st = target.lstat()
+                if target.is_symlink():
+                    entry.update(symlink=os.readlink(target))
+                else:
+                    shutil.copyfile(target, backup)
+                    with open(backup, "rb") as fh:
+                        os.fsync(fh.fileno())
+                    entry.update(
+                        backup=backup.name,
+                        mode=st.st_mode & 0o7777,
+                        mtime_ns=st.st_mtime_ns,
+                        atime_ns=st.st_atime_ns,
+                        sha256=_sha256(backup),
+                    )
+                entry["existed"] = True
+            elif target.exists():
+                raise SessionError(f"{target}: is not a regular file; refusing to swap it")
+            _append_line(self.path, entry)
+            self._open[key] = swap_id
+        if content is None:
+            if target.exists() or target.is_symlink():
+                target.unlink()
+            return
+        _atomic_write_bytes(target, content)
+
+    def restore(self) -> list[Path]:
+        """Put every open swap back; returns the restored paths."""
+        done: list[Path] = []
+        for entry in reversed(self.open_swaps()):
+            target = Path(entry["path"])
+            if entry.get("existed"):
+                if "symlink" in entry:
+                    if target.exists() or target.is_symlink():
+                        target.unlink()
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.symlink(entry["symlink"], target)
+                else:
+                    backup = self.backups / str(entry["backup"])
+                    if not backup.is_file():
+                        raise SessionError(
+                            f"{self.path}: backup {backup} of {target} is missing; "
+                            "the original cannot be restored"
+                        )
+                    _atomic_write_bytes(target, backup.read_bytes(), mode=entry.get("mode"))
+                    if entry.get("mtime_ns") is not None:
+                        os.utime(target, ns=(int(entry["atime_ns"]), int(entry["mtime_ns"])))
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            _append_line(self.path, {"op": "restored", "id": entry["id"], "path": str(target)})
+            done.append(target)
+        self._open.clear()
+        return done
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_write_bytes(target: Path, data: bytes, mode: int | None = None) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None and target.exists():
+        mode = target.stat().st_mode & 0o7777
+    tmp = target.with_name(f".{target.name}.envbisect-tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, target)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Session:
+    """One session directory. Create with ``Session.start`` / ``Session.resume``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+        self.log_path = self.root / LOG_NAME
+        self.journal = FileJournal(self.root / JOURNAL_NAME, self.root / "backups")
+        self._locked = False
+
+    # -- opening -----------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, root: Path, header: dict[str, Any]) -> Session:
+        """A fresh session at ``root``; an old finished one there is cleaned up first."""
+        session = cls(root)
+        if session.log_path.exists():
+            if not session.finished():
+                raise SessionError(
+                    f"{session.root}: an unfinished session is there; "
+                    "continue it with --resume or clean it up with 'envbisect reset'"
+                )
+            session.reset()
+            shutil.rmtree(session.root)
+            session = cls(root)
+        session.root.mkdir(parents=True, exist_ok=True)
+        session.lock()
+        session.append({"type": "start", "time": time.time(), **header})
+        return session
+
+    @classmethod
+    def resume(cls, root: Path) -> Session:
+        """Reopen an existing session to continue it."""
+        session = cls(root)
+        if session.header() is None:
+            raise SessionError(f"{session.root}: no session to resume (no {LOG_NAME})")
+        session.lock()
+        # A previous process may have died with files swapped in place.
+        session.journal.restore()
+        session.append({"type": "resumed", "time": time.time()})
+        return session
+
+    @classmethod
+    def existing(cls, root: Path) -> Session:
+        """Open for reading (log, reset); raises when there is no session."""
+        session = cls(root)
+        if not session.root.is_dir() or not session.log_path.exists():
+            raise SessionError(f"{session.root}: no bisection session there")
+        return session
+
+    def lock(self) -> None:
+        """Take the session for this process; a live other owner is an error."""
+        path = self.root / LOCK_NAME
+        try:
+            pid = int(path.read_text().strip())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and pid != os.getpid() and _pid_alive(pid):
+            raise SessionError(f"{self.root}: in use by envbisect process {pid}")
+        path.write_text(f"{os.getpid()}\n")
+        self._locked = True
+
+    def unlock(self) -> None:
+        if self._locked:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / LOCK_NAME).unlink()
+            self._locked = False
+
+    # -- events ------------------------------------------------------------------------
+
+    def append(self, event: dict[str, Any]) -> None:
+        _append_line(self.log_path, event)
+
+    def events(self) -> list[dict[str, Any]]:
+        return _read_lines(self.log_path)
+
+    def header(self) -> dict[str, Any] | None:
+        for ev in self.events():
+            if ev.get("type") == "start":
+                return ev
+        return None
+
+    def finished(self) -> bool:
+        """True when the last run ended (any outcome) or was reset."""
+        last = None
+        for ev in self.events():
+            if ev.get("type") in ("start", "resumed", "end", "reset"):
+                last = ev.get("type")
+        return last in ("end", "reset")
+
+    def trials(self) -> list[TrialRecord]:
+        return [TrialRecord.from_event(e) for e in self.events() if e.get("type") == "trial"]
+
+    def end_event(self) -> dict[str, Any] | None:
+        ends = [e for e in self.events() if e.get("type") == "end"]
+        return ends[-1] if ends else None
+
+    def next_trial_index(self) -> int:
+        return 1 + max((t.index for t in self.trials()), default=0)
+
+    def trial_dir(self, index: int) -> Path:
+        path = self.root / "trials" / f"{index:03d}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def record_worktree(self, repo: Path, path: Path) -> None:
+        self.append({"type": "worktree", "repo": str(repo), "path": str(path)})
+
+    def worktrees(self) -> list[tuple[Path, Path]]:
+        seen: dict[str, str] = {}
+        for ev in self.events():
+            if ev.get("type") == "worktree":
+                seen[str(ev["path"])] = str(ev["repo"])
+        return [(Path(repo), Path(path)) for path, repo in seen.items()]
+
+    # -- cleanup -----------------------------------------------------------------------
+
+    def remove_worktrees(self) -> list[Path]:
+        """``git worktree remove --force`` every worktree of this session, then prune."""
+        removed: list[Path] = []
+        repos: set[Path] = set()
+        for repo, path in self.worktrees():
+            repos.add(repo)
+            if path.exists():
+                subprocess.run(
+                    ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)],
+                    capture_output=True,
+                    check=False,
+                )
+                if path.exists():
+                    shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        for repo in repos:
+            subprocess.run(
+                ["git", "-C", str(repo), "worktree", "prune"], capture_output=True, check=False
+            )
+        return removed
+
+    def reset(self) -> ResetReport:
+        """Restore journaled files, remove worktrees, venvs and cache copies."""
+        restored = self.journal.restore()
+        worktrees = self.remove_worktrees()
+        removed_dirs: list[Path] = []
+        for name in ("venvs", "worktrees", "caches", "sandbox"):
+            path = self.root / name
+            if path.exists():
+                shutil.rmtree(path, ignore_errors=True)
+                removed_dirs.append(path)
+        if self.log_path.exists():
+            self.append({"type": "reset", "time": time.time()})
+        self.unlock()
+        return ResetReport(tuple(restored), tuple(worktrees), tuple(removed_dirs))
+
+
+@dataclass(frozen=True)
+class ResetReport:
+    """What ``reset`` put back and removed."""
+
+    restored: tuple[Path, ...]
+    worktrees: tuple[Path, ...]
+    removed: tuple[Path, ...]
+
+
+def iter_trial_runs(trial_dir: Path) -> Iterator[Path]:
+    """The stdout logs of a trial directory, in run order."""
+    yield from sorted(trial_dir.glob("*.stdout"))

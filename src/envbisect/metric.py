@@ -1,0 +1,228 @@
+"""Reading a throughput from what a smoke or user command left behind.
+
+A run reports tokens per second in one of four ways, tried in this order:
+
+1. the file named by the env var ``ENVBISECT_RESULT`` (set by envbisect per run): JSON;
+2. the framed agent channel (the built-in smoke test shipped with ``Transport.run_agent``);
+3. the last ``ENVBISECT_RESULT {json}`` line on stdout;
+4. ``--metric-regex``: a regular expression with one group holding the number, whose unit is
+   read from the text right after the group (``"([0-9.]+) Ktok/s"`` → ×1000). The *last*
+   match counts: training logs print a throughput per step and the last one is the warmed
+   up one.
+
+The JSON form is the smoke result: ``{"ok": bool, "tok_per_s": float|null, "error":
+{"class", "message"}|null, ...}``. Whatever cannot give a number becomes a ``failure``
+string (``crash: ...``, ``timeout``, ``oom: ...``, ``no metric: ...``) so a trial can be
+judged per ``--on-crash``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbisect.errors import UsageError
+
+RESULT_ENV = "ENVBISECT_RESULT"
+RESULT_LINE = re.compile(rb"^ENVBISECT_RESULT (\{.*\})\s*$", re.MULTILINE)
+
+_UNIT_AFTER_GROUP = re.compile(r"\)\s*(?:\\s[*+?]?|\s|\\ )*([KkMm]?tok(?:en)?s?/s(?:ec)?)")
+
+_OOM_MARKERS = (
+    b"CUDA out of memory",
+    b"OutOfMemoryError",
+    b"MemoryError",
+    b"Cannot allocate memory",
+    b"out of memory",
+)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How to read a throughput from a command that only logs text."""
+
+    pattern: re.Pattern[str]
+    scale: float
+    unit: str
+
+    @classmethod
+    def parse(cls, regex: str) -> MetricSpec:
+        """``"([0-9.]+) Ktok/s"`` → a spec scaling by 1000; the unit must follow the group."""
+        try:
+            pattern = re.compile(regex)
+        except re.error as exc:
+            raise UsageError(f"--metric-regex {regex!r}: not a regular expression: {exc}") from None
+        if pattern.groups < 1:
+            raise UsageError(f"--metric-regex {regex!r}: needs one group around the number")
+        found = _UNIT_AFTER_GROUP.search(regex)
+        if found is None:
+            raise UsageError(
+                f"--metric-regex {regex!r}: put the unit right after the number group, "
+                "e.g. '([0-9.]+) Ktok/s' or '([0-9.]+) tok/s'"
+            )
+        unit = found.group(1)
+        scale = {"k": 1e3, "m": 1e6}.get(unit[0].lower(), 1.0)
+        return cls(pattern=pattern, scale=scale, unit=unit)
+
+    def read(self, text: str) -> float | None:
+        """tok/s from the last match in ``text``, or None."""
+        value: float | None = None
+        for match in self.pattern.finditer(text):
+            raw = match.group(1).replace(",", "").replace("_", "")
+            try:
+                value = float(raw) * self.scale
+            except ValueError:
+                continue
+        return value
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run's throughput, or why there is none."""
+
+    tok_per_s: float | None
+    failure: str | None = None
+    source: str | None = None  # "file" | "frame" | "line" | "regex"
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.tok_per_s is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tok_per_s": self.tok_per_s, "failure": self.failure, "source": self.source}
+
+
+def parse_ktoks(text: str) -> float:
+    """``12000``, ``12k``, ``12.8k``, ``12.8K`` → tokens per second."""
+    raw = str(text).strip().replace(",", "").replace("_", "")
+    scale = 1.0
+    if raw[-1:] in ("k", "K"):
+        scale, raw = 1e3, raw[:-1]
+    elif raw[-1:] in ("m", "M"):
+        scale, raw = 1e6, raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise UsageError(
+            f"--until-ktoks {text!r}: expected a throughput like 12000, 12k or 12.8k"
+        ) from None
+    if not value > 0:
+        raise UsageError(f"--until-ktoks {text!r}: must be a positive throughput")
+    return value
+
+
+def format_tok(value: float | None) -> str:
+    """``12,000 tok/s (12.0 Ktok/s)``."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f} tok/s ({value / 1000:.1f} Ktok/s)"
+
+
+def format_ktok(value: float | None) -> str:
+    """``12.6`` (Ktok/s, one decimal) or ``-``."""
+    return "-" if value is None else f"{value / 1000:.1f}"
+
+
+def from_result(result: dict[str, Any], source: str) -> Measurement:
+    """A smoke-style JSON result → Measurement."""
+    error = result.get("error")
+    tok = result.get("tok_per_s")
+    if result.get("ok") is False or (tok is None and error):
+        if isinstance(error, dict):
+            why = f"{error.get('class') or 'Error'}: {error.get('message') or ''}".strip()
+        else:
+            why = str(error or "ok is false")
+        kind = "oom" if "OutOfMemory" in why or "out of memory" in why else "crash"
+        return Measurement(None, f"{kind}: {why}", source, result)
+    if isinstance(tok, (int, float)) and not isinstance(tok, bool) and tok >= 0:
+        return Measurement(float(tok), None, source, result)
+    return Measurement(None, f"no metric: result has no tok_per_s ({source})", source, result)
+
+
+def read_result_file(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when missing/empty/partial."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_result_line(stdout: bytes) -> dict[str, Any] | None:
+    """The last ``ENVBISECT_RESULT {json}`` line, or None."""
+    for raw in reversed(RESULT_LINE.findall(stdout)):
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def measure(
+    *,
+    stdout: bytes,
+    stderr: bytes,
+    returncode: int | None,
+    timed_out: bool,
+    timeout_s: float | None = None,
+    result_file: Path | None = None,
+    frame: dict[str, Any] | None = None,
+    spec: MetricSpec | None = None,
+) -> Measurement:
+    """Judge one finished run from everything it left behind.
+
+    A timeout wins over any number (the run did not finish); otherwise a result that says
+    ``ok: false`` or a non-zero exit is a crash even when a number was logged before it.
+    """
+    if timed_out:
+        limit = f" after {timeout_s:g}s" if timeout_s else ""
+        return Measurement(None, f"timeout{limit}", None)
+    candidates: list[tuple[str, dict[str, Any] | None]] = [
+        ("file", read_result_file(result_file) if result_file is not None else None),
+        ("frame", frame),
+        ("line", read_result_line(stdout)),
+    ]
+    found: Measurement | None = None
+    for source, data in candidates:
+        if data is not None:
+            found = from_result(data, source)
+            break
+    if found is None and spec is not None:
+        value = spec.read(
+            stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
+        )
+        if value is not None:
+            found = Measurement(value, None, "regex")
+    if returncode not in (0, None):
+        if found is not None and found.failure is not None:
+            return found
+        return Measurement(None, _crash_reason(returncode, stderr), found.source if found else None)
+    if found is None:
+        how = (
+            f"no match for --metric-regex {spec.pattern.pattern!r}"
+            if spec
+            else ("no ENVBISECT_RESULT (file, line or frame); use --metric-regex for a log line")
+        )
+        return Measurement(None, f"no metric: {how}", None)
+    return found
+
+
+def _crash_reason(returncode: int, stderr: bytes) -> str:
+    tail = stderr[-65536:]
+    last = ""
+    for line in reversed(tail.decode("utf-8", "replace").splitlines()):
+        if line.strip():
+            last = line.strip()[:200]
+            break
+    if any(marker in tail for marker in _OOM_MARKERS) or returncode in (-9, 137):
+        kind = "oom"
+    else:
+        kind = "crash"
+    signal_note = f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
+    return f"{kind}: {signal_note}" + (f": {last}" if last else "")

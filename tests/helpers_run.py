@@ -1,0 +1,192 @@
+"""Builders for run/check tests: tiny real wheels, a real git repo, manifests, a workload.
+
+The workload (``WORKLOAD``) does real arithmetic per "token"; how much depends on the state:
+the installed version of the ``ebwork`` package (``ebwork.WORK``), the env var
+``EB_SLOW``, and the file ``knob.txt`` next to the script. It prints ``N tok/s`` and an
+``ENVBISECT_RESULT`` line, so both metric paths are exercised.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envbisect.manifest import SCHEMA
+
+SLOWDOWN = 8  # work factor of a "slow" change; thresholds sit between 1x and this
+
+WORKLOAD = r"""
+import json, os, sys, time
+try:
+    import ebwork
+    work = ebwork.WORK
+except ImportError:
+    work = 1
+here = os.path.dirname(os.path.abspath(__file__))
+knob = os.path.join(here, "knob.txt")
+if os.path.exists(knob):
+    with open(knob) as fh:
+        work *= int(fh.read().strip() or 1)
+if os.environ.get("EB_SLOW"):
+    work *= int(os.environ["EB_SLOW"])
+tokens = int(os.environ.get("EB_TOKENS", "3000"))
+acc = 0
+start = time.perf_counter()
+for t in range(tokens):
+    for i in range(40 * work):
+        acc = (acc + i * t) % 1000003
+elapsed = time.perf_counter() - start
+rate = tokens / elapsed
+print("step done acc=%d" % acc)
+print("%.1f tok/s" % rate)
+print("ENVBISECT_RESULT " + json.dumps({"ok": True, "tok_per_s": rate}))
+"""
+
+
+def build_wheel(dest: Path, name: str, version: str, body: str) -> Path:
+    """A real, installable pure-Python wheel with one module ``<name>.py``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": body.encode(),
+        f"{dist}/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").encode(),
+        f"{dist}/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: envbisect-tests\nRoot-Is-Purelib: true\n"
+            b"Tag: py3-none-any\n"
+        ),
+    }
+    record_lines = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record_lines.append(f"{path},sha256={digest},{len(data)}")
+    record_lines.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record_lines) + "\n").encode()
+    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, data in files.items():
+            zf.writestr(path, data)
+    return wheel
+
+
+def uv() -> str:
+    return str(Path(sys.executable).parent / "uv")
+
+
+def make_venv(path: Path, wheels: Path, *reqs: str) -> Path:
+    """A real uv venv at ``path`` with ``reqs`` installed from ``wheels`` only."""
+    subprocess.run([uv(), "venv", "-q", "--python", sys.executable, str(path)], check=True)
+    if reqs:
+        subprocess.run(
+            [
+                uv(),
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--offline",
+                "--no-index",
+                "--find-links",
+                str(wheels),
+                "--python",
+                str(path / "bin" / "python"),
+                *reqs,
+            ],
+            check=True,
+        )
+    return path
+
+
+def freeze(venv: Path) -> str:
+    out = subprocess.run(
+        [uv(), "pip", "freeze", "--python", str(venv / "bin" / "python")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """relative path → sha256 of every file under ``root`` (symlinks by target)."""
+    out: dict[str, str] = {}
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@e",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@e",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+
+
+def init_repo(repo: Path) -> Path:
+    repo.mkdir(parents=True, exist_ok=True)
+    git(repo, "init", "-q", "-b", "main")
+    return repo
+
+
+def commit_all(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def manifest(path: Path, **sections: Any) -> Path:
+    """Write a manifest with the given sections (and a meta label)."""
+    data: dict[str, Any] = {"schema": SCHEMA, "meta": {"label": path.stem}}
+    data.update(sections)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def store_blob(manifests_dir: Path, content: bytes) -> dict[str, Any]:
+    """Store ``content`` under blobs/ and return its files-section entry."""
+    sha = hashlib.sha256(content).hexdigest()
+    blobs = manifests_dir / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    (blobs / sha).write_bytes(content)
+    return {"sha256": sha, "size": len(content), "blob": sha}
+
+
+def file_entry(content: bytes) -> dict[str, Any]:
+    sha = hashlib.sha256(content).hexdigest()
+    return {"sha256": sha, "size": len(content), "blob": None}
+
+
+def pkg(version: str) -> dict[str, Any]:
+    return {"version": version, "installer": "uv", "editable": False, "direct_url": None}
+
+
+def run_workload(python: str, script: Path, env: dict[str, str] | None = None) -> float:
+    """tok/s of one direct run of the workload (used to place thresholds)."""
+    out = subprocess.run(
+        [python, str(script)], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("ENVBISECT_RESULT "):
+            return float(json.loads(line.split(" ", 1)[1])["tok_per_s"])
+    raise AssertionError(out)

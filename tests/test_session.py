@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from envbisect.bisect.session import FileJournal, Session, TrialRecord, state_key
+from envbisect.errors import SessionError
+
+
+def test_swap_then_restore_puts_bytes_mode_and_mtime_back(tmp_path: Path) -> None:
+    f = tmp_path / "cfg.txt"
+    f.write_bytes(b"original\n")
+    os.chmod(f, 0o640)
+    os.utime(f, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    journal = FileJournal(tmp_path / "s" / "journal.jsonl", tmp_path / "s" / "backups")
+    (tmp_path / "s").mkdir()
+    journal.swap(f, b"patched\n")
+    journal.swap(f, b"patched twice\n")  # the first original stays the one to restore
+    assert f.read_bytes() == b"patched twice\n"
+    assert journal.restore() == [f]
+    assert f.read_bytes() == b"original\n"
+    assert f.stat().st_mode & 0o777 == 0o640
+    assert f.stat().st_mtime_ns == 1_600_000_000_000_000_000
+    assert journal.restore() == []  # idempotent
+
+
+def test_swap_of_absent_file_and_removal(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    journal = FileJournal(tmp_path / "s" / "journal.jsonl", tmp_path / "s" / "backups")
+    new = tmp_path / "new.txt"
+    gone = tmp_path / "gone.txt"
+    gone.write_text("keep me")
+    journal.swap(new, b"created")
+    journal.swap(gone, None)
+    assert new.read_bytes() == b"created" and not gone.exists()
+    journal.restore()
+    assert not new.exists()
+    assert gone.read_text() == "keep me"
+
+
+def test_journal_restores_after_kill_9_of_the_swapping_process(tmp_path: Path) -> None:
+    f = tmp_path / "loose.py"
+    f.write_text("FAST = True\n")
+    session_dir = tmp_path / "session"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from envbisect.bisect.session import Session
+        s = Session.start(Path({str(session_dir)!r}), {{"good": "g", "bad": "b"}})
+        s.journal.swap(Path({str(f)!r}), b"FAST = False\\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert f.read_text() == "FAST = False\n"
+    session = Session.existing(session_dir)
+    assert not session.finished()
+    with pytest.raises(SessionError, match="unfinished session"):
+        Session.start(session_dir, {})
+    report = session.reset()
+    assert report.restored == (f,)
+    assert f.read_text() == "FAST = True\n"
+    assert session.finished()
+
+
+def test_torn_last_line_is_ignored_and_trials_round_trip(tmp_path: Path) -> None:
+    s = Session.start(tmp_path / "s", {"threshold": 1000.0})
+    rec = TrialRecord(
+        index=1,
+        key=state_key(["env:A"]),
+        applied=("env:A",),
+        positions=(),
+        samples=(1.0, 2.0),
+        failure=None,
+        log_dir="trials/001",
+    )
+    s.append(rec.as_event())
+    with open(s.log_path, "a") as fh:
+        fh.write('{"type": "trial", "index": 2, "ke')  # kill -9 mid-write
+    assert s.trials() == [rec]
+    assert s.next_trial_index() == 2
+    assert s.header()["threshold"] == 1000.0
+
+
+def test_lock_refuses_a_live_owner(tmp_path: Path) -> None:
+    s = Session.start(tmp_path / "s", {})
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (s.root / "lock").write_text(f"{sleeper.pid}\n")
+        with pytest.raises(SessionError, match=f"in use by envbisect process {sleeper.pid}"):
+            Session.resume(s.root)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    resumed = Session.resume(s.root)  # the owner is dead now
+    assert resumed.header() is not None
+
+
+def test_state_key_ignores_order() -> None:
+    assert state_key(["b", "a"]) == state_key(["a", "b"])
+    assert state_key(["a"]) != state_key(["a"], [("git:/r", 2)])
+
+
+def test_resume_without_session_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(SessionError, match="no session to resume"):
+        Session.resume(tmp_path / "nothing")
