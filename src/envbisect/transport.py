@@ -1,24 +1,83 @@
 """Every subprocess envbisect starts goes through here.
 
-A Transport is a chain of layers (outermost first) in front of a target command.
-``run_agent`` ships an agent bundle on stdin and reads its framed result back.
-Tests replace ``Transport`` or point layers at faithful fakes on PATH.
+A Transport is a chain of layers (outermost first) in front of a target command. A layer is
+an argv prefix plus a kind: an ``argv`` layer (pct, docker exec, kubectl exec, srun, sudo,
+env, any custom prefix) puts its words in front of the command; a ``shell`` layer (ssh,
+``sh -c``, ``bash -lc``, ``su -c``) takes the rest of the command as **one** quoted string,
+because that is what those tools hand to a shell on the far side. Composition folds from the
+innermost layer outwards and the result is run with no local shell, so no word is ever
+quoted by hand.
+
+``parse_layer`` turns one ``--via`` value into a Layer: it is split with ``shlex.split`` (never
+by a shell), its kind is inferred from the first word (``argv:`` / ``shell:`` override it),
+and known tools are checked and fixed up before anything runs:
+
+- ssh gets ``-T -o BatchMode=yes``; ``-t``/``-n``/``-N``/``-f`` and words after the
+  destination are errors (a tty mangles bytes, ``-n`` eats the program on stdin);
+- docker/podman/kubectl exec get ``-i`` and must not have ``-t``;
+- pct exec / kubectl exec / lxc-attach end with ``--`` (added when absent; words after it are
+  an error, as are words after the VMID/pod, which would be ambiguous);
+- srun gets ``-n1`` (another task count would run the program several times);
+- ``sh -c`` / ``bash -lc`` / ``su -c`` must end with their ``-c`` option.
+
+Quoting for shell layers is POSIX single-quoting, stricter than ``shlex.quote`` (a bare
+``=word`` is quoted too, since zsh expands it), so the far shell may be sh, dash, bash, ksh or
+zsh (not csh or fish). Tests replace ``Transport`` or point layers at faithful fakes on PATH.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from envbisect.agent.bundle import Bundle, build_bundle, find_frame
 from envbisect.errors import TransportError
+
+# Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN, 32 pages, incl. NUL).
+MAX_ARG_BYTES = 131072 - 1
+
+# Words made only of these need no quotes in any POSIX-family shell. '=' may not lead (zsh
+# expands '=cmd' to a path) and, in the first word, not appear at all (an assignment).
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_@%+:,./-][A-Za-z0-9_@%+=:,./-]*")
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "yash"})
+# An option cluster that contains -c, e.g. -c, -lc, -ec (bash/sh/su: the command follows it).
+_DASH_C = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+class LayerKind(str, Enum):
+    """How a layer passes the inner command on."""
+
+    ARGV = "argv"  # inner words follow the prefix as separate arguments
+    SHELL = "shell"  # inner words are joined into one shell-quoted string
+
+
+def shell_quote(word: str) -> str:
+    """``word`` quoted for any POSIX-family shell (sh, dash, bash, ksh, zsh)."""
+    if _SAFE_WORD.fullmatch(word):
+        return word
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def shell_join(argv: Sequence[str]) -> str:
+    """The words of ``argv`` as one command line that a POSIX-family shell splits back."""
+    words = [shell_quote(w) for w in argv]
+    if words and "=" in words[0] and not words[0].startswith("'"):
+        words[0] = "'" + words[0] + "'"
+    return " ".join(words)
 
 
 @dataclass(frozen=True)
@@ -26,15 +85,464 @@ class Layer:
     """One hop of a chain: an argv prefix; a ``shell`` layer takes the rest as one string."""
 
     argv: tuple[str, ...]
-    kind: str = "argv"  # "argv" | "shell"
+    kind: LayerKind = LayerKind.ARGV
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "argv", tuple(self.argv))
+        object.__setattr__(self, "kind", LayerKind(self.kind))
+
+    @classmethod
+    def parse(cls, text: str) -> Layer:
+        """Same as :func:`parse_layer`."""
+        return parse_layer(text)
+
+    @property
+    def tool(self) -> str:
+        """The basename of the layer's program (``ssh`` for ``/usr/bin/ssh``)."""
+        return os.path.basename(self.argv[0]) if self.argv else ""
 
     def wrap(self, inner: Sequence[str]) -> list[str]:
-        if self.kind == "shell":
-            return [*self.argv, shlex.join(inner)]
+        if self.kind is LayerKind.SHELL:
+            return [*self.argv, shell_join(inner)]
         return [*self.argv, *inner]
 
     def describe(self) -> str:
-        return shlex.join(self.argv)
+        return shell_join(self.argv)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "kind": self.kind.value}
+
+
+def parse_layer(text: str) -> Layer:
+    """One ``--via`` value as a validated, fixed-up Layer; TransportError if it cannot work."""
+    body = text.strip()
+    forced: LayerKind | None = None
+    for kind in LayerKind:
+        if body.startswith(kind.value + ":"):
+            forced, body = kind, body[len(kind.value) + 1 :]
+            break
+    try:
+        words = shlex.split(body)
+    except ValueError as exc:
+        raise _bad(text, f"cannot split it into words ({exc})") from None
+    if not words:
+        raise _bad(text, "the layer is empty")
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0], re.DOTALL):
+        raise _bad(
+            text,
+            f"layers run without a shell, so {words[0]!r} is not an assignment; "
+            "write 'env NAME=value' instead",
+        )
+    tool = os.path.basename(words[0])
+    if tool == "ssh":
+        if forced is LayerKind.ARGV:
+            raise _bad(
+                text,
+                "ssh hands its command to the remote login shell, so it is always "
+                "a shell layer; drop 'argv:'",
+            )
+        return _fix_ssh(words, text)
+    if forced is not None:
+        return Layer(tuple(words), forced)
+    fixer = _FIXERS.get(tool)
+    if fixer is not None:
+        return fixer(words, text)
+    if _ends_in_shell_c(words[1:]):
+        # e.g. 'sudo -u bob bash -lc': the last program is a shell that takes one string.
+        return Layer(tuple(words), LayerKind.SHELL)
+    return Layer(tuple(words), LayerKind.ARGV)
+
+
+def _bad(text: str, why: str) -> TransportError:
+    return TransportError(f"--via {text.strip()!r}: {why}")
+
+
+def _ends_in_shell_c(words: Sequence[str]) -> bool:
+    if not words or not _DASH_C.fullmatch(words[-1]):
+        return False
+    return any(os.path.basename(w) in _SHELLS or os.path.basename(w) == "su" for w in words[:-1])
+
+
+# ---- ssh -------------------------------------------------------------------------------
+
+_SSH_FLAGS = frozenset("46AaCfGgKkMNnqsTtVvXxYy")
+_SSH_WITH_VALUE = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
+
+
+def _fix_ssh(words: list[str], text: str) -> Layer:
+    opts = words[1:]
+    has_t_flag = has_batch = False
+    dest: str | None = None
+    i = 0
+    while i < len(opts):
+        word = opts[i]
+        if word == "--":
+            if i + 1 < len(opts):
+                dest = opts[i + 1]
+                i += 2
+            break
+        if not (word.startswith("-") and len(word) > 1):
+            dest = word
+            i += 1
+            break
+        j = 1
+        while j < len(word):
+            c = word[j]
+            if c in _SSH_WITH_VALUE:
+                value = word[j + 1 :]
+                if not value:
+                    if i + 1 >= len(opts):
+                        raise _bad(text, f"ssh option -{c} needs a value")
+                    i += 1
+                    value = opts[i]
+                if c == "o":
+                    key, _, val = value.replace("=", " ", 1).partition(" ")
+                    if key.lower() == "batchmode":
+                        has_batch = True
+                    if key.lower() == "requesttty" and val.strip().lower() in ("yes", "force"):
+                        raise _bad(
+                            text,
+                            "ssh must not request a tty (RequestTTY): a tty "
+                            "mangles the program on stdin and the result",
+                        )
+                break
+            if c == "t":
+                raise _bad(
+                    text,
+                    "ssh must not get -t: a tty mangles the program on stdin "
+                    "and the result; envbisect adds -T",
+                )
+            if c == "n":
+                raise _bad(
+                    text,
+                    "ssh must not get -n: it would cut off the program that "
+                    "envbisect sends on stdin",
+                )
+            if c in "NfsW":
+                raise _bad(text, f"ssh -{c} runs no remote command; drop it")
+            if c == "T":
+                has_t_flag = True
+            if c not in _SSH_FLAGS:
+                raise _bad(text, f"unknown ssh option -{c}")
+            j += 1
+        i += 1
+    if dest is None:
+        raise _bad(text, "ssh names no destination (e.g. 'ssh root@10.1.2.6')")
+    if i < len(opts):
+        rest = shell_join(opts[i:])
+        raise _bad(
+            text,
+            f"words after the ssh destination ({rest}) would be a remote command; "
+            "give each hop its own --via, e.g. --via 'ssh host' --via 'pct exec 200 --'",
+        )
+    added = ([] if has_t_flag else ["-T"]) + ([] if has_batch else ["-o", "BatchMode=yes"])
+    return Layer((words[0], *added, *opts), LayerKind.SHELL)
+
+
+# ---- container and scheduler layers -----------------------------------------------------
+
+
+def _fix_pct(words: list[str], text: str) -> Layer:
+    if len(words) < 2 or words[1] != "exec":
+        sub = words[1] if len(words) > 1 else "nothing"
+        raise _bad(text, f"a pct layer must be 'pct exec VMID --' (got {sub!r} after pct)")
+    if len(words) < 3 or not words[2].isdigit():
+        raise _bad(text, "pct exec needs a numeric VMID, e.g. 'pct exec 200 --'")
+    rest = words[3:]
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--":
+            if i + 1 < len(rest):
+                raise _bad(
+                    text,
+                    f"words after '--' ({shell_join(rest[i + 1 :])}) would be a "
+                    "command; give it its own --via",
+                )
+            return Layer(tuple(words), LayerKind.ARGV)
+        if word == "--keep-env":
+            i += 2
+            continue
+        if word.startswith("--keep-env="):
+            i += 1
+            continue
+        if word.startswith("-"):
+            raise _bad(text, f"unknown pct exec option {word!r}")
+        raise _bad(
+            text,
+            f"{word!r} after the VMID is ambiguous (command or argument?); end "
+            "the layer with '--' and give the command its own --via",
+        )
+    return Layer((*words, "--"), LayerKind.ARGV)
+
+
+_KUBECTL_VALUE = _words(
+    "-n --namespace -c --container --context --kubeconfig --cluster --user -f --filename "
+    "--pod-running-timeout -s --server --request-timeout --token --as --as-group --cache-dir "
+    "--certificate-authority --client-certificate --client-key --tls-server-name -v --v "
+    "--username --password"
+)
+
+
+def _fix_kubectl(words: list[str], text: str) -> Layer:
+    out = [words[0]]
+    positional: list[str] = []
+    has_i = False
+    exec_at = -1
+    i = 1
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            if i + 1 < len(words):
+                raise _bad(
+                    text,
+                    f"words after '--' ({shell_join(words[i + 1 :])}) would be a "
+                    "command; give it its own --via",
+                )
+            break
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            if name == "--tty" and value.lower() not in ("false", "0"):
+                raise _bad(
+                    text,
+                    "kubectl exec must not get --tty: a tty mangles the program "
+                    "on stdin; envbisect adds -i",
+                )
+            if name == "--stdin" and value.lower() not in ("false", "0"):
+                has_i = True
+            out.append(word)
+            if name in _KUBECTL_VALUE and not eq:
+                if i + 1 >= len(words):
+                    raise _bad(text, f"kubectl option {name} needs a value")
+                out.append(words[i + 1])
+                i += 1
+        elif word.startswith("-") and len(word) > 1:
+            out.append(word)
+            if word[:2] in _KUBECTL_VALUE:
+                if len(word) == 2:
+                    if i + 1 >= len(words):
+                        raise _bad(text, f"kubectl option {word} needs a value")
+                    out.append(words[i + 1])
+                    i += 1
+            else:
+                for c in word[1:]:
+                    if c == "t":
+                        raise _bad(
+                            text,
+                            "kubectl exec must not get -t: a tty mangles the "
+                            "program on stdin; envbisect adds -i",
+                        )
+                    if c == "i":
+                        has_i = True
+                    elif c != "q":
+                        raise _bad(text, f"unknown kubectl option -{c} in {word!r}")
+        else:
+            positional.append(word)
+            if word == "exec" and exec_at < 0:
+                exec_at = len(out)
+            out.append(word)
+        i += 1
+    if not positional or positional[0] != "exec":
+        raise _bad(text, "a kubectl layer must be 'kubectl exec -i POD --'")
+    if len(positional) < 2:
+        raise _bad(text, "kubectl exec names no pod, e.g. 'kubectl exec -i trainer-0 --'")
+    if len(positional) > 2:
+        raise _bad(
+            text,
+            f"{positional[2]!r} after the pod is ambiguous (command or "
+            "argument?); end the layer with '--' and give the command its own --via",
+        )
+    if not has_i:
+        out.insert(exec_at + 1, "-i")
+    out.append("--")  # a given '--' was left out of `out` above: it always goes last
+    return Layer(tuple(out), LayerKind.ARGV)
+
+
+_DOCKER_EXEC_VALUE = _words("-e --env --env-file -u --user -w --workdir --detach-keys")
+_DOCKER_GLOBAL_VALUE = _words("-H --host -c --context --config -l --log-level")
+
+
+def _fix_container_exec(words: list[str], text: str) -> Layer:
+    tool = os.path.basename(words[0])
+    i = 1
+    while i < len(words) and words[i].startswith("-"):
+        name, eq, _ = words[i].partition("=")
+        i += 2 if name in _DOCKER_GLOBAL_VALUE and not eq else 1
+    if i >= len(words) or words[i] != "exec":
+        raise _bad(text, f"a {tool} layer must be '{tool} exec -i CONTAINER'")
+    sub_at = i
+    has_i = False
+    container: str | None = None
+    i += 1
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            off = value.lower() in ("false", "0")
+            if name == "--tty" and not off:
+                raise _bad(
+                    text,
+                    f"{tool} exec must not get --tty: a tty mangles the program "
+                    "on stdin; envbisect adds -i",
+                )
+            if name == "--detach" and not off:
+                raise _bad(text, f"{tool} exec must not get --detach: the result would be lost")
+            if name == "--interactive" and not off:
+                has_i = True
+            if name in _DOCKER_EXEC_VALUE and not eq:
+                i += 1
+        elif word.startswith("-") and len(word) > 1:
+            for j, c in enumerate(word[1:], 1):
+                if c == "t":
+                    raise _bad(
+                        text,
+                        f"{tool} exec must not get -t: a tty mangles the program "
+                        "on stdin; envbisect adds -i",
+                    )
+                if c == "d":
+                    raise _bad(text, f"{tool} exec must not get -d: the result would be lost")
+                if c == "i":
+                    has_i = True
+                elif c in "euw":
+                    if j == len(word) - 1:
+                        i += 1
+                    break
+                elif c != "P":  # --privileged
+                    raise _bad(text, f"unknown {tool} exec option -{c} in {word!r}")
+        else:
+            container = word
+            i += 1
+            break
+        i += 1
+    if container is None:
+        raise _bad(text, f"{tool} exec names no container, e.g. '{tool} exec -i trainer'")
+    if i < len(words):
+        raise _bad(
+            text,
+            f"words after the container ({shell_join(words[i:])}) would be a "
+            "command; give it its own --via",
+        )
+    out = list(words)
+    if not has_i:
+        out.insert(sub_at + 1, "-i")
+    return Layer(tuple(out), LayerKind.ARGV)
+
+
+_SRUN_SHORT_VALUE = frozenset("ABCDGJLMNSTWbcdeimnopqrtwx")
+_SRUN_LONG_VALUE = _words(
+    "--account --begin --constraint --cpus-per-task --chdir --dependency --error --gres "
+    "--gpus --gpus-per-node --gpus-per-task --input --job-name --licenses --cluster "
+    "--distribution --mem --mem-per-cpu --mem-per-gpu --nodes --ntasks --ntasks-per-node "
+    "--output --partition --qos --relative --time --nodelist --exclude --export --mpi "
+    "--reservation --cpu-bind --container --time-min --nice --network --signal --wckey "
+    "--comment --jobid --het-group --gpu-bind --cpus-per-gpu --tmp --mail-type --mail-user "
+    "--gres-flags --hint --threads --kill-on-bad-exit --switches --cores-per-socket "
+    "--sockets-per-node --threads-per-core --extra-node-info --profile --prolog --epilog "
+    "--task-prolog --task-epilog --ntasks-per-core --ntasks-per-socket --ntasks-per-gpu "
+    "--mincpus --open-mode --propagate --uid --gid --wait"
+)
+
+
+def _fix_srun(words: list[str], text: str) -> Layer:
+    ntasks: str | None = None
+    i = 1
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            if i + 1 < len(words):
+                raise _bad(
+                    text,
+                    f"words after '--' ({shell_join(words[i + 1 :])}) would be a "
+                    "command; give it its own --via",
+                )
+            break
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            if name == "--pty":
+                raise _bad(text, "srun must not get --pty: a tty mangles the program on stdin")
+            if name in _SRUN_LONG_VALUE and not eq:
+                if i + 1 >= len(words):
+                    raise _bad(text, f"srun option {name} needs a value")
+                value = words[i + 1]
+                i += 1
+            if name == "--ntasks":
+                ntasks = value
+        elif word.startswith("-") and len(word) > 1:
+            for j, c in enumerate(word[1:], 1):
+                if c in _SRUN_SHORT_VALUE:
+                    value = word[j + 1 :]
+                    if not value:
+                        if i + 1 >= len(words):
+                            raise _bad(text, f"srun option -{c} needs a value")
+                        value = words[i + 1]
+                        i += 1
+                    if c == "n":
+                        ntasks = value
+                    break
+        else:
+            raise _bad(
+                text,
+                f"{word!r} is not an srun option, so it would be the command; "
+                "give the command its own --via",
+            )
+        i += 1
+    if ntasks is None:
+        return Layer((words[0], "-n1", *words[1:]), LayerKind.ARGV)
+    if ntasks.strip() != "1":
+        raise _bad(
+            text,
+            f"srun must run one task (-n1), not {ntasks}: more would run the program several times",
+        )
+    return Layer(tuple(words), LayerKind.ARGV)
+
+
+def _fix_lxc_attach(words: list[str], text: str) -> Layer:
+    if "--" in words:
+        at = words.index("--")
+        if at != len(words) - 1:
+            raise _bad(
+                text,
+                f"words after '--' ({shell_join(words[at + 1 :])}) would be a "
+                "command; give it its own --via",
+            )
+        return Layer(tuple(words), LayerKind.ARGV)
+    return Layer((*words, "--"), LayerKind.ARGV)
+
+
+def _fix_posix_shell(words: list[str], text: str) -> Layer:
+    tool = os.path.basename(words[0])
+    if len(words) >= 2 and _DASH_C.fullmatch(words[-1]):
+        return Layer(tuple(words), LayerKind.SHELL)
+    if any(_DASH_C.fullmatch(w) for w in words[1:]):
+        raise _bad(text, f"{tool}'s -c must be the last word of the layer (the command follows it)")
+    raise _bad(
+        text,
+        f"a {tool} layer needs -c as its last option (e.g. '{tool} -c' or "
+        "'bash -lc'); prefix the layer with 'argv:' if you really mean a script path",
+    )
+
+
+def _fix_su(words: list[str], text: str) -> Layer:
+    if words[-1] in ("--command", "--session-command") or _DASH_C.fullmatch(words[-1]):
+        return Layer(tuple(words), LayerKind.SHELL)
+    raise _bad(
+        text,
+        "a su layer must end with -c (e.g. 'su - bob -c'): su runs the command "
+        "given to -c with the user's shell",
+    )
+
+
+_FIXERS: dict[str, Callable[[list[str], str], Layer]] = {
+    "pct": _fix_pct,
+    "kubectl": _fix_kubectl,
+    "docker": _fix_container_exec,
+    "podman": _fix_container_exec,
+    "nerdctl": _fix_container_exec,
+    "srun": _fix_srun,
+    "lxc-attach": _fix_lxc_attach,
+    "su": _fix_su,
+    **{name: _fix_posix_shell for name in _SHELLS},
+}
 
 
 @dataclass(frozen=True)
@@ -62,12 +570,23 @@ class Transport:
 
     layers: tuple[Layer, ...] = field(default_factory=tuple)
 
+    @classmethod
+    def from_specs(cls, via: Sequence[str]) -> Transport:
+        """A chain from ``--via`` values (outermost first), each checked by :func:`parse_layer`."""
+        if isinstance(via, str):
+            raise TypeError("from_specs takes a sequence of layer strings, not one string")
+        return cls(tuple(parse_layer(text) for text in via))
+
     def compose(self, argv: Sequence[str]) -> list[str]:
         """Fold from the innermost layer outwards; the result runs with no local shell."""
         out = list(argv)
         for layer in reversed(self.layers):
             out = layer.wrap(out)
         return out
+
+    def command_line(self, argv: Sequence[str]) -> str:
+        """The composed command as one line, safe to paste into bash or zsh."""
+        return shell_join(self.compose(argv))
 
     def describe(self) -> str:
         return " → ".join(layer.describe() for layer in self.layers) or "local"
@@ -85,6 +604,7 @@ class Transport:
     ) -> RunResult:
         """Run the composed argv; kill its whole process group at the timeout."""
         full = self.compose(argv)
+        self._check_fits(full)
         log_dir.mkdir(parents=True, exist_ok=True)
         out_path = log_dir / f"{name}.stdout"
         err_path = log_dir / f"{name}.stderr"
@@ -152,7 +672,7 @@ class Transport:
         payload = find_frame(result.stdout(), bundle.nonce)
         if payload is None:
             why = "timed out" if result.timed_out else f"exit code {result.returncode}"
-            if result.returncode == 255 and self.layers and self.layers[0].argv[0] == "ssh":
+            if result.returncode == 255 and self.layers and self.layers[0].tool == "ssh":
                 why += " (ssh itself failed)"
             tail = result.stderr_tail(5).replace("\n", " | ")
             raise TransportError(
@@ -166,10 +686,18 @@ class Transport:
             )
         return payload
 
+    def _check_fits(self, full: Sequence[str]) -> None:
+        longest = max(full, key=lambda w: len(os.fsencode(w)), default="")
+        size = len(os.fsencode(longest))
+        if size > MAX_ARG_BYTES:
+            raise TransportError(
+                f"the command composed via {self.describe()} has an argument of {size} bytes; "
+                f"Linux allows {MAX_ARG_BYTES} per argument (shell layers quote the whole "
+                "inner command into one): pass large data on stdin or in a file"
+            )
+
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     proc.wait()
