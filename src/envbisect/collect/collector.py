@@ -713,7 +713,21 @@ def probe(dotted):
         result["reason"] = f"not a Python function ({type(obj).__name__})"
         return result
     result["code_sha256"] = _code_fingerprint(code)
-    home = getattr(sys.modules.get(getattr(func, "__module__", "") or ""), "__file__", None)
+    home_name = getattr(func, "__module__", None) or ""
+    qualname = getattr(func, "__qualname__", code.co_name)
+    if home_name != module.__name__ and home_name.split(".")[0] != module.__name__.split(".")[0]:
+        # Defined outside the probed package (a sitecustomize, a training script): a patch.
+        result["status"] = "patched"
+        result["live_file"] = code.co_filename
+        result["reason"] = f"defined in module {home_name!r}"
+        return _sorted(result)
+    if rest and qualname.split(".")[-1] != rest[-1]:
+        result["status"] = "patched"
+        result["live_file"] = code.co_filename
+        result["reason"] = f"{dotted} is bound to {home_name}.{qualname}"
+        return _sorted(result)
+    # Re-exports (torch.fx.symbolic_trace) are compared against their defining module.
+    home = getattr(sys.modules.get(home_name), "__file__", None)
     source_file = home or module_file
     if source_file and source_file.endswith((".pyc", ".pyo")):
         source_file = source_file[:-1]
@@ -721,9 +735,9 @@ def probe(dotted):
     if source is None:
         result["status"] = "patched" if code.co_filename != source_file else "original"
         result["reason"] = "no source on disk to compare"
-        return result
+        return _sorted(result)
     disk = compile(source, source_file, "exec", dont_inherit=True)
-    disk_code = _find_code(disk, getattr(func, "__qualname__", code.co_name))
+    disk_code = _find_code(disk, qualname)
     same = (
         disk_code is not None
         and os.path.abspath(code.co_filename) == os.path.abspath(source_file)
