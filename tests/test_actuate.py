@@ -1,0 +1,221 @@
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from envbisect import manifest as mf
+from envbisect.bisect.actuate import Actuator
+from envbisect.bisect.session import Session
+from envbisect.diff import diff_manifests
+from tests.helpers_run import (
+    build_wheel,
+    commit_all,
+    file_entry,
+    freeze,
+    git,
+    init_repo,
+    make_venv,
+    pkg,
+    store_blob,
+    tree_hashes,
+)
+
+
+def _run(python: str, code: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(
+        [python, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("wheels")
+    build_wheel(d, "ebwork", "1.0", "WORK = 1\n")
+    build_wheel(d, "ebwork", "2.0", "WORK = 8\n")
+    build_wheel(d, "ebonly", "1.0", "X = 1\n")
+    build_wheel(d, "ebgone", "1.0", "Y = 1\n")
+    return d
+
+
+def _actuator(tmp_path: Path, good: Path, bad: Path, python: str, **kw: object) -> Actuator:
+    g, b = mf.load(good), mf.load(bad)
+    result = diff_manifests(g, b)
+    session = Session.start(tmp_path / "session", {})
+    return Actuator(
+        good=g,
+        bad=b,
+        units=result.units,
+        session=session,
+        python=python,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_packages_overlay_installs_hides_and_never_touches_the_target(
+    tmp_path: Path, wheels: Path
+) -> None:
+    target = make_venv(tmp_path / "target", wheels, "ebwork==2.0", "ebonly==1.0")
+    before = (freeze(target), tree_hashes(target))
+    good = mf_path = tmp_path / "m" / "good.yaml"
+    from tests.helpers_run import manifest
+
+    manifest(mf_path, packages={"ebwork": pkg("1.0"), "ebgone": pkg("1.0")})
+    bad = manifest(
+        tmp_path / "m" / "bad.yaml", packages={"ebwork": pkg("2.0"), "ebonly": pkg("1.0")}
+    )
+    act = _actuator(
+        tmp_path,
+        good,
+        bad,
+        str(target / "bin" / "python"),
+        index_url=(tmp_path / "empty-index").as_uri(),
+        find_links=(str(wheels),),
+    )
+    assert {u.id for u in act.units} == {"packages:ebwork", "packages:ebonly", "packages:ebgone"}
+    assert act.blockers() == {}
+    trial = tmp_path / "t1"
+    with act.realize(frozenset(), {}, trial) as state:
+        assert state.failure is None, state.failure
+        assert state.venv is not None and state.python != str(target / "bin" / "python")
+        probe = (
+            "import importlib, importlib.metadata as m\n"
+            "import ebwork, ebgone\n"
+            "print(ebwork.WORK, m.version('ebwork'), m.version('ebgone'))\n"
+            "try:\n    import ebonly; print('visible')\nexcept ImportError: print('hidden')\n"
+            "try:\n    m.version('ebonly'); print('meta-visible')\n"
+            "except m.PackageNotFoundError: print('meta-hidden')\n"
+        )
+        assert _run(state.python, probe).split() == ["1", "1.0", "1.0", "hidden", "meta-hidden"]
+        assert state.env["VIRTUAL_ENV"] == str(state.venv)
+        first_venv = state.venv
+    # Only ebwork applied: the bad version, ebonly still hidden, ebgone still there.
+    with act.realize(frozenset({"packages:ebwork"}), {}, tmp_path / "t2") as state:
+        out = _run(state.python, "import ebwork, ebgone; print(ebwork.WORK)")
+        assert out == "8"
+    # Everything applied is the target itself: no venv needed.
+    with act.realize(frozenset(u.id for u in act.units), {}, tmp_path / "t3") as state:
+        assert state.venv is None and state.python == str(target / "bin" / "python")
+    # Revisiting a package set reuses its venv (cached by the set's hash).
+    with act.realize(frozenset(), {}, tmp_path / "t4") as state:
+        assert state.venv == first_venv
+        assert not (tmp_path / "t4" / "build-venv.stderr").exists()
+    assert (freeze(target), tree_hashes(target)) == before
+
+
+def test_resolver_failure_is_an_unresolved_state_with_uvs_message(
+    tmp_path: Path, wheels: Path
+) -> None:
+    from tests.helpers_run import manifest
+
+    target = make_venv(tmp_path / "target", wheels, "ebwork==2.0")
+    good = manifest(tmp_path / "m" / "good.yaml", packages={"ebwork": pkg("9.9")})
+    bad = manifest(tmp_path / "m" / "bad.yaml", packages={"ebwork": pkg("2.0")})
+    act = _actuator(
+        tmp_path,
+        good,
+        bad,
+        str(target / "bin" / "python"),
+        index_url=(tmp_path / "empty-index").as_uri(),
+        find_links=(str(wheels),),
+    )
+    with act.realize(frozenset(), {}, tmp_path / "t1") as state:
+        assert state.failure is not None and state.failure.startswith("build: uv pip install")
+        assert "ebwork==9.9" in state.failure
+    log = (tmp_path / "t1" / "build-install.stderr").read_text()
+    assert "9.9" in log
+
+
+def test_git_worktree_files_and_env(tmp_path: Path) -> None:
+    from tests.helpers_run import manifest
+
+    repo = init_repo(tmp_path / "repo")
+    (repo / "train.py").write_text("print('v1')\n")
+    (repo / "knob.txt").write_text("1\n")
+    c1 = commit_all(repo, "one")
+    (repo / "train.py").write_text("print('v2')\n")
+    c2 = commit_all(repo, "two")
+    (repo / "train.py").write_text("print('v3')\n")
+    c3 = commit_all(repo, "three")
+    loose = tmp_path / "loose.cfg"
+    loose.write_bytes(b"slow\n")
+    mdir = tmp_path / "m"
+    good = manifest(
+        mdir / "good.yaml",
+        git={str(repo): {"head": c1, "branch": "main", "dirty": False}},
+        files={
+            str(loose): store_blob(mdir, b"fast\n"),
+            str(repo / "knob.txt"): store_blob(mdir, b"1\n"),
+        },
+        env={"KEEP": "x"},
+    )
+    bad = manifest(
+        mdir / "bad.yaml",
+        git={str(repo): {"head": c3, "branch": "main", "dirty": False}},
+        files={str(loose): file_entry(b"slow\n"), str(repo / "knob.txt"): store_blob(mdir, b"8\n")},
+        env={"EB_SLOW": "8", "KEEP": "x"},
+    )
+    (repo / "knob.txt").write_text("8\n")  # the user's repo is dirty in the bad state
+    status_before = git(repo, "status", "--porcelain")
+    act = _actuator(tmp_path, good, bad, "python3", base_env={"PATH": "/usr/bin:/bin"}, cwd=repo)
+    assert act.blockers() == {}
+    assert act.ordered() == {f"git:{repo}": [c2, c3]}
+    trial = tmp_path / "t1"
+    with act.realize(frozenset({"env:EB_SLOW"}), {}, trial) as state:
+        assert state.failure is None
+        assert state.cwd is not None and (state.cwd / "train.py").read_text() == "print('v1')\n"
+        assert (state.cwd / "knob.txt").read_text() == "1\n"
+        assert loose.read_bytes() == b"fast\n"  # swapped in place, journaled
+        assert state.env["EB_SLOW"] == "8"
+        assert state.env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(trial))
+        assert state.map_argv([str(repo / "train.py"), "-x"]) == [
+            str(state.cwd / "train.py"),
+            "-x",
+        ]
+    assert loose.read_bytes() == b"slow\n"  # restored after the trial
+    with act.realize(
+        frozenset({f"git:{repo}", f"files:{repo / 'knob.txt'}"}), {f"git:{repo}": 0}, trial
+    ) as state:
+        assert (state.cwd / "train.py").read_text() == "print('v2')\n"
+        assert (state.cwd / "knob.txt").read_text() == "8\n"  # written into the worktree
+        assert "EB_SLOW" not in state.env
+    act.close()
+    assert git(repo, "status", "--porcelain") == status_before
+    assert git(repo, "worktree", "list").count("\n") == 0
+    assert (repo / "knob.txt").read_text() == "8\n"
+
+
+def test_redacted_env_and_missing_blob_and_data_are_blocked_plainly(tmp_path: Path) -> None:
+    from tests.helpers_run import manifest
+
+    loose = tmp_path / "x.cfg"
+    loose.write_text("new")
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n{}\n")
+    good = manifest(
+        tmp_path / "good.yaml",
+        env={"TOKEN": {"redacted": "abcd1234"}},
+        files={str(loose): {"sha256": "0" * 64, "size": 3, "blob": "0" * 64}},
+        data={str(data): {"size": 3, "records": 1, "fingerprint": "a"}},
+    )
+    bad = manifest(
+        tmp_path / "bad.yaml",
+        env={"TOKEN": {"redacted": "ffff0000"}},
+        files={str(loose): file_entry(b"new")},
+        data={str(data): {"size": 6, "records": 2, "fingerprint": "b"}},
+    )
+    act = _actuator(tmp_path, good, bad, "python3")
+    blocked = act.blockers()
+    token = {u.id: u for u in act.units}["env:TOKEN"]
+    assert "redacted" in (blocked.get("env:TOKEN") or token.reason or "")
+    assert not token.bisectable or "env:TOKEN" in blocked
+    assert "no stored content" in blocked[f"files:{loose}"]
+    assert "data_map" in blocked[f"data:{data}"]
+    old = tmp_path / "old.jsonl"
+    old.write_text("{}\n")
+    act2 = _actuator(tmp_path / "b", good, bad, "python3", data_map={str(data): str(old)})
+    assert f"data:{data}" not in act2.blockers()
+    with act2.realize(frozenset(), {}, tmp_path / "t") as state:
+        assert state.map_argv(["--data", str(data)]) == ["--data", str(old)]
+        assert state.env["ENVBISECT_DATA_0"] == str(old)
