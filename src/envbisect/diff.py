@@ -129,14 +129,20 @@ CHANGE_SECTIONS: tuple[str, ...] = ("torch", "meta")
 
 @dataclass(frozen=True)
 class DiffResult:
-    """Everything ``diff`` found; ``hidden`` counts volatile changes left out."""
+    """Everything ``diff`` found. ``volatile`` holds the volatile changes left out of
+    ``changes`` (empty with ``include_volatile=True``, where they are units of their own)."""
 
     good: Manifest
     bad: Manifest
     changes: tuple[Change, ...]
     units: tuple[Unit, ...]
-    hidden: int = 0
+    volatile: tuple[Change, ...] = ()
     sections_filter: tuple[str, ...] = field(default=())
+
+    @property
+    def hidden(self) -> int:
+        """How many volatile changes were left out."""
+        return len(self.volatile)
 
     @property
     def identical(self) -> bool:
@@ -187,7 +193,11 @@ class DiffResult:
             if u.section in wanted or any(c.section in wanted for c in u.changes)
         )
         changes = tuple(c for u in units for c in u.changes)
-        return replace(self, changes=changes, units=units, sections_filter=wanted)
+        kept = {c.section for c in changes} | set(wanted)
+        volatile = tuple(c for c in self.volatile if c.section in kept)
+        return replace(
+            self, changes=changes, units=units, volatile=volatile, sections_filter=wanted
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -736,7 +746,7 @@ def _torch_title(changes: tuple[Change, ...]) -> str:
     for c in changes:
         if c.section == "torch" and c.key == "version":
             return f"torch stack (torch {c.old or '-'} → {c.new or '-'})"
-    return f"torch stack ({_plural(len(changes), 'change')})"
+    return "torch stack"
 
 
 _STACK_HEADLINE = ("torch", "triton", "pytorch-triton", "torchvision", "torchaudio")
@@ -818,6 +828,7 @@ def diff_manifests(good: Manifest, bad: Manifest, *, include_volatile: bool = Fa
         else:
             found.extend(_diff_generic(name, g, b))
     kept = [c for c, volatile in found if include_volatile or not volatile]
+    left_out = tuple(c for c, volatile in found if volatile and not include_volatile)
     units = _build_units(kept, good, bad)
     ordered = tuple(c for u in units for c in u.changes)
     return DiffResult(
@@ -825,7 +836,7 @@ def diff_manifests(good: Manifest, bad: Manifest, *, include_volatile: bool = Fa
         bad=bad,
         changes=ordered,
         units=tuple(units),
-        hidden=len(found) - len(kept),
+        volatile=left_out,
     )
 
 

@@ -1,13 +1,86 @@
-"""`envbisect diff`."""
+"""`envbisect diff`: what changed between two machine states, grouped into bisectable units."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
+from pathlib import Path
+
 import click
 
+from envbisect.commands.common import config_option, resolve_target, target_options
 from envbisect.errors import UsageError
+
+FORMATS = ("table", "markdown", "json", "yaml")
 
 
 @click.command("diff")
-def command() -> int:
-    """Not built yet."""
-    raise UsageError("'envbisect diff' is not built yet")
+@click.argument("good", type=click.Path(dir_okay=False))
+@click.argument("bad", type=click.Path(dir_okay=False), required=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="table",
+    show_default=True,
+    help="table to read, markdown to paste into an issue, json/yaml for programs.",
+)
+@click.option(
+    "--section",
+    "sections",
+    multiple=True,
+    metavar="NAME",
+    help="Only these sections (torch-stack, packages, files, git, env, data, caches, probes, "
+    "python, system, gpu, torch, meta...); repeatable.",
+)
+@click.option(
+    "--all",
+    "include_volatile",
+    is_flag=True,
+    help="Also show volatile facts (times, host, mtimes, mtime-only cache digests).",
+)
+@target_options
+@config_option
+def command(
+    good: str,
+    bad: str | None,
+    fmt: str,
+    sections: tuple[str, ...],
+    include_volatile: bool,
+    python: str | None,
+    via: tuple[str, ...],
+    target_name: str | None,
+    print_command: bool,
+    config_path: str | None,
+) -> int:
+    """Show what differs between manifest GOOD and manifest BAD.
+
+    Without BAD, GOOD is compared with a fresh snapshot of the current state (same
+    envbisect.yaml, --python, --via/--target). Exit status like diff(1): 0 identical,
+    1 different, 2 error.
+    """
+    from envbisect import manifest
+    from envbisect.diff import diff_manifests
+    from envbisect.render import render
+
+    good_manifest = manifest.load(good)
+    if bad is not None:
+        if print_command:
+            raise UsageError("--print-command prints the snapshot command: give only GOOD")
+        bad_manifest = manifest.load(bad)
+    else:
+        from envbisect.collect import take_snapshot
+        from envbisect.config import Config
+
+        config = Config.load(Path(config_path) if config_path else None)
+        transport, target_python = resolve_target(config, python, via, target_name)
+        if print_command:
+            click.echo(shlex.join(transport.compose([target_python, "-"])))
+            return 0
+        bad_manifest = take_snapshot(config, transport, target_python, label="now")
+    result = diff_manifests(good_manifest, bad_manifest, include_volatile=include_volatile)
+    result = result.select(sections)
+    color = fmt == "table" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    click.echo(render(result, fmt, color=color), nl=False, color=color)
+    return 0 if result.identical else 1

@@ -1,0 +1,211 @@
+"""Turn a DiffResult into text: table, markdown, json or yaml. No logic, no I/O.
+
+The table groups units by section, most regression-relevant first (the order of
+``envbisect.diff.SECTION_ORDER``); the markdown form is meant to be pasted into a GitHub issue
+and keeps the full change list in a collapsed ``<details>`` block. Colours are ANSI codes
+added only when the caller says the output is a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import click
+import yaml
+from tabulate import tabulate
+
+from envbisect.diff import Change, ChangeKind, DiffResult, Unit
+
+FORMATS: tuple[str, ...] = ("table", "markdown", "json", "yaml")
+
+_SECTION_TITLES = {
+    "torch-stack": "torch stack",
+    "packages": "packages",
+    "files": "files",
+    "git": "git repos",
+    "env": "environment variables",
+    "data": "data",
+    "caches": "caches",
+    "probes": "probes",
+    "python": "python",
+    "system": "system",
+    "gpu": "gpu",
+    "meta": "meta (volatile)",
+}
+_KIND_COLORS = {
+    ChangeKind.ADDED: "green",
+    ChangeKind.REMOVED: "red",
+    ChangeKind.UPGRADED: "cyan",
+    ChangeKind.DOWNGRADED: "yellow",
+    ChangeKind.CHANGED: "magenta",
+}
+_HEX = re.compile(r"^[0-9a-f]{40,64}$")
+
+
+def render(result: DiffResult, fmt: str, *, color: bool = False) -> str:
+    """The text for ``fmt`` (one of FORMATS), ending in a newline."""
+    if fmt == "table":
+        return render_table(result, color=color)
+    if fmt == "markdown":
+        return render_markdown(result)
+    if fmt == "json":
+        return render_json(result)
+    if fmt == "yaml":
+        return render_yaml(result)
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def show_value(value: Any) -> str:
+    """A compared value as a person reads it: hashes shortened, secrets never shown."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict) and "redacted" in value:
+        return "<redacted>"
+    text = str(value)
+    if _HEX.match(text):
+        return text[:12]
+    return text
+
+
+def change_text(change: Change) -> str:
+    """``upgraded; CUDA variant cu128 → cu130``."""
+    return f"{change.kind.value}; {change.note}" if change.note else change.kind.value
+
+
+def change_label(change: Change) -> str:
+    """The row label: the key, with ``torch`` in front of the torch section's build facts."""
+    return f"torch {change.key}" if change.section == "torch" else change.key
+
+
+def _groups(result: DiffResult) -> list[tuple[str, list[Unit]]]:
+    groups: dict[str, list[Unit]] = {}
+    for unit in result.units:  # already in section order
+        groups.setdefault(unit.section, []).append(unit)
+    return list(groups.items())
+
+
+def _side_line(name: str, side: dict[str, Any]) -> str:
+    facts = [str(side["label"])]
+    if side.get("created"):
+        facts.append(str(side["created"]))
+    if side.get("host"):
+        facts.append(str(side["host"]))
+    where = side.get("path") or "(fresh snapshot)"
+    return f"{name:<4}  {where}  ({', '.join(facts)})"
+
+
+def render_table(result: DiffResult, *, color: bool = False) -> str:
+    """Grouped tables with a footer of reasons and the summary line."""
+
+    def style(text: str, **kw: Any) -> str:
+        return click.style(text, **kw) if color else text
+
+    data = result.as_dict()
+    lines = [_side_line("good", data["good"]), _side_line("bad", data["bad"]), ""]
+    for section, units in _groups(result):
+        title = _SECTION_TITLES.get(section, section)
+        if section == "torch-stack":
+            title = units[0].title
+        n_changes = sum(len(u.changes) for u in units)
+        count = f"{len(units)} unit{'s' if len(units) != 1 else ''}"
+        if n_changes != len(units):
+            count += f", {n_changes} changes"
+        if not any(u.bisectable for u in units):
+            count += ", not bisectable"
+        lines.append(style(f"{title}  ({count})", bold=True))
+        rows = []
+        for unit in units:
+            for c in unit.changes:
+                kind = style(change_text(c), fg=_KIND_COLORS[c.kind])
+                rows.append([change_label(c), show_value(c.old), show_value(c.new), kind])
+        table = tabulate(rows, headers=["", "good", "bad", "change"], disable_numparse=True)
+        lines.extend("  " + row for row in table.splitlines())
+        lines.append("")
+    blocked = [u for u in result.units if not u.bisectable]
+    if blocked:
+        lines.append(style("not bisectable:", bold=True))
+        lines.extend(f"  {u.id}: {u.reason}" for u in blocked)
+        lines.append("")
+    notes = [u for u in result.units if u.bisectable and u.reason]
+    if notes:
+        lines.append(style("notes:", bold=True))
+        lines.extend(f"  {u.id}: {u.reason}" for u in notes)
+        lines.append("")
+    lines.append(style(result.summary(), bold=True))
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_side(name: str, side: dict[str, Any]) -> str:
+    where = f"`{side['path']}`" if side.get("path") else "a fresh snapshot"
+    facts = ", ".join(str(side[k]) for k in ("label", "created", "host") if side.get(k))
+    return f"- **{name}**: {where} ({_md(facts)})"
+
+
+def render_markdown(result: DiffResult) -> str:
+    """A unit table for a GitHub issue, the full change list collapsed below it."""
+    data = result.as_dict()
+    lines = [
+        f"### envbisect diff: {_md(data['good']['label'])} → {_md(data['bad']['label'])}",
+        "",
+        _md_side("good", data["good"]),
+        _md_side("bad", data["bad"]),
+        "",
+        f"**{_md(result.summary())}**",
+        "",
+    ]
+    if result.identical:
+        return "\n".join(lines)
+    rows = []
+    for unit in result.units:
+        head = unit.changes[0]
+        more = len(unit.changes) - 1
+        change = change_text(head) + (f" (+{more} more)" if more else "")
+        if unit.bisectable:
+            verdict = "yes" + (f" ({unit.reason})" if unit.reason else "")
+        else:
+            verdict = f"no: {unit.reason}"
+        # A unit of several changes names the fact its first values belong to.
+        prefix = f"{change_label(head)} " if more else ""
+        cells = [
+            f"`{unit.id}`",
+            prefix + show_value(head.old),
+            prefix + show_value(head.new),
+            change,
+            verdict,
+        ]
+        rows.append([_md(c) for c in cells])
+    headers = ["unit", "good", "bad", "change", "bisectable"]
+    lines.append(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
+    lines += ["", f"<details><summary>All {len(result.changes)} changes</summary>", ""]
+    full = [
+        [
+            _md(c.section),
+            _md(change_label(c)),
+            _md(show_value(c.old)),
+            _md(show_value(c.new)),
+            _md(change_text(c)),
+        ]
+        for c in result.changes
+    ]
+    headers = ["section", "key", "good", "bad", "change"]
+    lines.append(tabulate(full, headers=headers, tablefmt="github", disable_numparse=True))
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def render_json(result: DiffResult) -> str:
+    """``DiffResult.as_dict()`` as indented JSON (full values, hashes unshortened)."""
+    return json.dumps(result.as_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+
+
+def render_yaml(result: DiffResult) -> str:
+    """``DiffResult.as_dict()`` as YAML, keys in the order they were built."""
+    return yaml.safe_dump(
+        result.as_dict(), sort_keys=False, allow_unicode=True, default_flow_style=False, width=120
+    )
