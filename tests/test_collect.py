@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,10 @@ def test_volatile_fields_are_confined(tmp_path: Path) -> None:
 
 def test_packages_match_importlib_metadata_of_this_venv(tmp_path: Path) -> None:
     packages = snap(tmp_path).section("packages")
+    expected: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        expected.setdefault(re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower(), dist.version)
+    assert {name: p["version"] for name, p in packages.items()} == expected
     assert packages["pyyaml"]["version"] == importlib.metadata.version("PyYAML")
     assert packages["gitpython"]["version"] == importlib.metadata.version("GitPython")
     assert packages["envbisect"]["editable"] is True

@@ -38,6 +38,10 @@ SECTIONS: tuple[str, ...] = (
     "probes",
 )
 
+# libyaml's safe loader/dumper when present: several times faster on big package lists.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 # Sections whose every entry is itself a mapping of facts.
 _KEYED_SECTIONS: tuple[str, ...] = ("packages", "git", "files", "data", "caches", "probes")
 
@@ -68,8 +72,13 @@ class Manifest:
         return ordered
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(
-            self.as_dict(), sort_keys=False, allow_unicode=True, default_flow_style=False, width=120
+        return yaml.dump(
+            self.as_dict(),
+            Dumper=_DUMPER,
+            sort_keys=False,
+            allow_unicode=True,
+            default_flow_style=False,
+            width=120,
         )
 
     @classmethod
@@ -140,7 +149,7 @@ def load(path: str | Path) -> Manifest:
     except OSError as exc:
         raise ManifestError(f"{p}: cannot read: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_LOADER)  # safe: a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

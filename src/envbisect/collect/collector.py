@@ -173,10 +173,24 @@ def collect_system(c):
         out["cpu_affinity"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         out["cpu_affinity"] = None
+    out["compiler"] = _compiler_version(c)
     meminfo = _read("/proc/meminfo", 1 << 14) or ""
     m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo, re.M)
     out["mem_total_bytes"] = int(m.group(1)) * 1024 if m else None
     return _sorted(out)
+
+
+def _compiler_version(c):
+    """First line of ``$CXX --version`` (TorchInductor's C++ compiler on CPU), or None."""
+    cxx = os.environ.get("CXX") or _which("g++") or _which("c++") or _which("clang++")
+    if not cxx:
+        return None
+    try:
+        rc, stdout, _ = c.run([cxx, "--version"], timeout=5)
+    except (_Timeout, OSError):
+        return None
+    lines = stdout.decode("utf-8", "replace").splitlines()
+    return lines[0].strip() if rc == 0 and lines else None
 
 
 def collect_python(c):
@@ -218,30 +232,81 @@ def _direct_url(raw):
     return url or None, editable
 
 
+def _read_headers(path):
+    """The header block of a METADATA/PKG-INFO file (it can be long: stop at the body)."""
+    chunks = []
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(8192)
+            chunks.append(chunk)
+            if not chunk or b"\n\n" in chunk or b"\r\n\r\n" in chunk:
+                break
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _path_distributions(entry):
+    """(metadata file, dist-info dir or None) of every distribution directly in ``entry``.
+
+    The same places importlib.metadata looks, without its import cost (email, zipfile, csv).
+    """
+    try:
+        names = sorted(e.name for e in os.scandir(entry))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(entry, name)
+        if name.endswith(".dist-info"):
+            yield os.path.join(path, "METADATA"), path
+        elif name.endswith(".egg-info"):
+            if os.path.isdir(path):
+                yield os.path.join(path, "PKG-INFO"), path
+            else:
+                yield path, None
+
+
 def collect_packages(c):
     """Every distribution on sys.path; the first of a name wins, as for imports."""
-    from importlib import metadata
-
     out = {}
-    for dist in metadata.distributions():
-        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
-        name, version = _metadata_headers(text)
-        if not name:
-            continue
+
+    def add(name, version, installer, direct_raw):
         key = _normalise(name)
         if key in out:
-            continue
-        installer = (dist.read_text("INSTALLER") or "").strip() or None
-        direct_url, editable = None, False
-        raw = dist.read_text("direct_url.json")
-        if raw:
-            direct_url, editable = _direct_url(raw)
+            return
+        direct_url, editable = _direct_url(direct_raw) if direct_raw else (None, False)
         out[key] = {
             "version": version,
             "installer": installer,
             "editable": editable,
             "direct_url": direct_url,
         }
+
+    for entry in sys.path:
+        entry = entry or os.getcwd()
+        if os.path.isfile(entry):  # a zip or egg on sys.path: rare, let importlib read it
+            from importlib import metadata
+
+            for dist in metadata.distributions(path=[entry]):
+                name, version = _metadata_headers(dist.read_text("METADATA") or "")
+                if name:
+                    add(
+                        name,
+                        version,
+                        dist.read_text("INSTALLER"),
+                        dist.read_text("direct_url.json"),
+                    )
+            continue
+        for meta_file, info_dir in _path_distributions(entry):
+            try:
+                name, version = _metadata_headers(_read_headers(meta_file))
+            except OSError:
+                continue
+            if not name:
+                continue
+            installer = direct_raw = None
+            if info_dir is not None:
+                installer = _read(os.path.join(info_dir, "INSTALLER"), 4096)
+                direct_raw = _read(os.path.join(info_dir, "direct_url.json"))
+            add(name, version, (installer or "").strip() or None, direct_raw)
     return _sorted(out)
 
 
@@ -286,6 +351,7 @@ def collect_torch(c, packages):
         "git_version": None,
         "cuda": None,
         "hip": None,
+        "debug": None,
         "path": None,
         "cudnn": first("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn"),
         "nccl": first("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl"),
@@ -301,7 +367,7 @@ def collect_torch(c, packages):
         return _sorted(out)
     values = _literal_assignments(source)
     out["version"] = values.get("__version__")
-    for key in ("git_version", "cuda", "hip"):
+    for key in ("git_version", "cuda", "hip", "debug"):
         out[key] = values.get(key)
     return _sorted(out)
 

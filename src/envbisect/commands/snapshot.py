@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import click
 
-from envbisect.commands.common import config_option, resolve_target, target_options
+from envbisect.commands.common import (
+    composed_command,
+    config_option,
+    resolve_target,
+    target_options,
+)
 
 
 @click.command("snapshot")
@@ -71,7 +75,7 @@ def command(
     )
     transport, target_python = resolve_target(config, python, via, target_name)
     if print_command:
-        click.echo(shlex.join(transport.compose([target_python, "-"])))
+        click.echo(composed_command(transport, target_python))
         return 0
     manifest = take_snapshot(
         config, transport, target_python, label=label, log_dir=log_dir, timeout_s=timeout_s
