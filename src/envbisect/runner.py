@@ -1,0 +1,579 @@
+"""``run`` and ``check`` as core functions: diff → units → engine search → trials → result.
+
+Nothing here prints. Progress goes to an injected callback (one line per event); the
+commands render the returned ``RunResult``/``CheckResult``.
+
+A trial realizes a state with ``bisect.actuate.Actuator`` and runs the smoke command as many
+times as the engine asks, each run through ``Transport.run`` (its process group is killed at
+the per-trial timeout) with full stdout/stderr under ``<session>/trials/NNN/``. Every trial
+is appended to the session log before the engine sees it, so ``--resume`` after ``kill -9``
+feeds the logged samples back instead of measuring again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbisect import manifest as mf
+from envbisect.agent.bundle import build_bundle, find_frame
+from envbisect.bisect.actuate import Actuator, Realized
+from envbisect.bisect.session import Session, TrialRecord, state_key
+from envbisect.errors import Interrupted, UsageError
+from envbisect.metric import RESULT_ENV, Measurement, MetricSpec, format_ktok, measure
+from envbisect.transport import Transport
+
+DRAFTER = "envbisect.smoke.drafter"
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_line: str) -> None:
+    return None
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+@dataclass(frozen=True)
+class SmokeCommand:
+    """What a trial runs: a user argv (after ``--``) or, when ``argv`` is empty, the drafter."""
+
+    argv: tuple[str, ...] = ()
+    metric: MetricSpec | None = None
+    drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
+
+    @property
+    def builtin(self) -> bool:
+        return not self.argv
+
+    def describe(self) -> str:
+        if self.builtin:
+            preset = self.drafter_params.get("preset", "auto")
+            return f"built-in drafter smoke test (preset {preset})"
+        import shlex
+
+        return shlex.join(self.argv)
+
+
+def run_once(
+    smoke: SmokeCommand,
+    *,
+    transport: Transport,
+    python: str,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    timeout_s: float,
+    log_dir: Path,
+    name: str,
+    argv_map: Callable[[Sequence[str]], list[str]] | None = None,
+) -> Measurement:
+    """Run the smoke command once and read its throughput (never raises for a bad run)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result_file = log_dir / f"{name}.result.json"
+    if result_file.exists():
+        result_file.unlink()
+    run_env = dict(env if env is not None else os.environ)
+    run_env[RESULT_ENV] = str(result_file)
+    if smoke.builtin:
+        bundle = build_bundle(DRAFTER, dict(smoke.drafter_params), deadline_s=timeout_s)
+        res = transport.run(
+            [python, "-"],
+            stdin=bundle.source,
+            timeout_s=timeout_s + 5,
+            log_dir=log_dir,
+            env=_for_transport(transport, run_env),
+            cwd=cwd if not transport.layers else None,
+            name=name,
+        )
+        frame = find_frame(res.stdout(), bundle.nonce)
+        if frame is not None and "__agent_error__" in frame:
+            return Measurement(None, f"crash: {frame['__agent_error__']}", "frame")
+    else:
+        argv = list(argv_map(smoke.argv) if argv_map else smoke.argv)
+        if transport.layers:
+            argv = _remote_wrap(argv, run_env, cwd)
+        res = transport.run(
+            argv,
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+            env=_for_transport(transport, run_env),
+            cwd=cwd if not transport.layers else None,
+            name=name,
+        )
+        frame = None
+    return measure(
+        stdout=res.stdout(),
+        stderr=res.stderr_path.read_bytes(),
+        returncode=res.returncode,
+        timed_out=res.timed_out,
+        timeout_s=timeout_s,
+        result_file=None if transport.layers else result_file,
+        frame=frame,
+        spec=smoke.metric,
+    )
+
+
+def _for_transport(transport: Transport, env: Mapping[str, str]) -> dict[str, str] | None:
+    # Through layers the local environment only reaches the first hop; the per-trial
+    # variables travel inside the command (see _remote_wrap).
+    return dict(env) if not transport.layers else None
+
+
+def _remote_wrap(argv: list[str], env: Mapping[str, str], cwd: Path | None) -> list[str]:
+    changed = [f"{k}={v}" for k, v in sorted(env.items()) if os.environ.get(k) != v]
+    unset = [x for k in sorted(os.environ) if k not in env for x in ("-u", k)]
+    inner = ["env", *unset, *changed, *argv]
+    if cwd is not None:
+        inner = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *inner]
+    return inner
+
+
+# ----------------------------------------------------------------------------- check
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One measurement of the current state against a threshold."""
+
+    threshold: float
+    samples: tuple[float, ...]
+    failure: str | None
+    log_dir: Path | None
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    @property
+    def verdict(self) -> str:
+        if self.failure is not None or self.median is None:
+            return "skip"
+        return "good" if self.median >= self.threshold else "bad"
+
+    @property
+    def exit_code(self) -> int:
+        return {"good": 0, "bad": 1}.get(self.verdict, 125)
+
+
+def check(
+    smoke: SmokeCommand,
+    *,
+    threshold: float,
+    transport: Transport,
+    python: str,
+    repeats: int = 1,
+    timeout_s: float = 600,
+    log_root: Path | None = None,
+) -> CheckResult:
+    """Measure the current state ``repeats`` times; logs kept only when something failed."""
+    log_dir = Path(tempfile.mkdtemp(prefix="envbisect-check-", dir=log_root))
+    samples: list[float] = []
+    failure: str | None = None
+    for k in range(repeats):
+        m = run_once(
+            smoke,
+            transport=transport,
+            python=python,
+            env=None,
+            cwd=None,
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+            name=f"run-{k + 1}",
+        )
+        if not m.ok:
+            failure = m.failure
+            break
+        assert m.tok_per_s is not None
+        samples.append(m.tok_per_s)
+    if failure is None:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        return CheckResult(threshold, tuple(samples), None, None)
+    return CheckResult(threshold, tuple(samples), failure, log_dir)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``envbisect run`` was asked to do."""
+
+    good: Path
+    bad: Path | None
+    threshold: float
+    smoke: SmokeCommand
+    python: str
+    transport: Transport = field(default_factory=Transport)
+    session_dir: Path = Path(".envbisect/session")
+    resume: bool = False
+    repeats: int = 3
+    max_samples: int = 9
+    max_trials: int | None = None
+    timeout_s: float = 600
+    on_crash: str = "bad"
+    config: Any = None  # envbisect.config.Config
+    cwd: Path | None = None
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One row of the trial table."""
+
+    index: int
+    applied: tuple[str, ...]
+    samples: tuple[float, ...]
+    median: float | None
+    verdict: str
+    failure: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "applied": list(self.applied),
+            "samples": [round(s, 3) for s in self.samples],
+            "median": None if self.median is None else round(self.median, 3),
+            "verdict": self.verdict,
+            "failure": self.failure,
+        }
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A unit (and, for a repo, the first bad commit) found guilty."""
+
+    unit: Any  # envbisect.diff.Unit
+    commit: str | None = None
+
+    def changes(self) -> list[dict[str, Any]]:
+        from envbisect.render import show_value
+
+        out = []
+        for c in self.unit.changes:
+            old, new = c.old, c.new
+            if c.section == "git" and self.commit:
+                new = self.commit
+            out.append({"key": c.key, "old": show_value(old), "new": show_value(new)})
+        return out
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a bisection found."""
+
+    outcome: str  # found | ambiguous | not-reproduced | aborted
+    threshold: float
+    culprits: tuple[Culprit, ...]
+    trials: tuple[TrialRow, ...]
+    diff: Any  # envbisect.diff.DiffResult
+    blocked: Mapping[str, str]
+    notes: tuple[str, ...]
+    session: Path
+    message: str
+    good_path: Path
+    bad_path: Path
+    smoke: SmokeCommand
+    good_median: float | None = None
+    bad_median: float | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.outcome == "found" and self.culprits else 1
+
+
+class _TrialRunner:
+    """The engine's test function: realize, run, log; replay logged trials on resume."""
+
+    def __init__(
+        self,
+        options: RunOptions,
+        session: Session,
+        actuator: Actuator,
+        progress: Progress,
+    ) -> None:
+        self.o = options
+        self.session = session
+        self.actuator = actuator
+        self.progress = progress
+        self.replay: dict[str, list[TrialRecord]] = {}
+        for rec in session.trials():
+            self.replay.setdefault(rec.key, []).append(rec)
+        self.records: list[TrialRecord] = []
+
+    def __call__(self, state: Any, n: int) -> Any:
+        from envbisect.bisect.search import Outcome
+
+        applied = frozenset(state.applied)
+        positions = dict(getattr(state, "positions", ()) or ())
+        key = state_key(applied, positions.items())
+        logged = self.replay.get(key)
+        if logged:
+            rec = logged.pop(0)
+            self.records.append(rec)
+            self.progress(
+                f"trial {rec.index}: {_applied_text(rec.applied, positions)} (from the session log)"
+            )
+            return Outcome(samples=rec.samples, failure=rec.failure)
+        index = self.session.next_trial_index()
+        trial_dir = self.session.trial_dir(index)
+        samples: list[float] = []
+        failure: str | None = None
+        notes: tuple[str, ...] = ()
+        self.progress(f"trial {index}: {_applied_text(applied, positions)} …")
+        with self.actuator.realize(applied, positions, trial_dir) as realized:
+            notes = realized.notes
+            if realized.failure is not None:
+                failure = realized.failure
+            else:
+                for k in range(n):
+                    m = self._run(realized, trial_dir, f"run-{k + 1}")
+                    if not m.ok:
+                        failure = m.failure
+                        break
+                    assert m.tok_per_s is not None
+                    samples.append(m.tok_per_s)
+        rec = TrialRecord(
+            index=index,
+            key=key,
+            applied=tuple(sorted(applied)),
+            positions=tuple(sorted(positions.items())),
+            samples=tuple(samples),
+            failure=failure,
+            log_dir=str(trial_dir),
+            notes=notes,
+        )
+        self.session.append(rec.as_event())
+        self.records.append(rec)
+        shown = ", ".join(format_ktok(s) for s in samples) or "-"
+        tail = f"; {failure}" if failure else ""
+        self.progress(f"trial {index}: samples {shown} Ktok/s{tail}")
+        return Outcome(samples=tuple(samples), failure=failure)
+
+    def _run(self, realized: Realized, trial_dir: Path, name: str) -> Measurement:
+        return run_once(
+            self.o.smoke,
+            transport=self.o.transport,
+            python=realized.python,
+            env=realized.env,
+            cwd=realized.cwd,
+            timeout_s=self.o.timeout_s,
+            log_dir=trial_dir,
+            name=name,
+            argv_map=realized.map_argv,
+        )
+
+
+def _applied_text(applied: Sequence[str] | frozenset[str], positions: Mapping[str, int]) -> str:
+    if not applied:
+        return "good state (nothing applied)"
+    parts = []
+    for unit in sorted(applied):
+        if unit in positions:
+            parts.append(f"{unit}@{positions[unit]}")
+        else:
+            parts.append(unit)
+    return "applied " + ", ".join(parts)
+
+
+def load_states(
+    options: RunOptions, session_root: Path, progress: Progress
+) -> tuple[mf.Manifest, mf.Manifest, Path]:
+    """The good manifest, and the bad one (a fresh snapshot saved in the session by default)."""
+    good = mf.load(options.good)
+    if options.bad is not None:
+        return good, mf.load(options.bad), options.bad
+    saved = session_root / "bad.yaml"
+    if saved.exists():
+        return good, mf.load(saved), saved
+    from envbisect.collect import take_snapshot
+
+    progress("taking a snapshot of the current state (the bad side) …")
+    config = options.config
+    if config is None:
+        from envbisect.config import Config
+
+        config = Config.load(cwd=options.cwd)
+    snap = take_snapshot(config, options.transport, options.python, label="bad")
+    session_root.mkdir(parents=True, exist_ok=True)
+    mf.save(snap, saved)
+    return good, mf.load(saved), saved
+
+
+def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
+    """The whole of ``envbisect run``: endpoints, search, culprit; the machine left as it was."""
+    from envbisect.bisect import search as engine
+    from envbisect.diff import diff_manifests
+
+    root = options.session_dir
+    header = {
+        "good": str(options.good),
+        "bad": str(options.bad) if options.bad else None,
+        "threshold": options.threshold,
+        "smoke": list(options.smoke.argv),
+        "repeats": options.repeats,
+        "on_crash": options.on_crash,
+    }
+    session = Session.resume(root) if options.resume else Session.start(root, header)
+    try:
+        good, bad, bad_path = load_states(options, session.root, progress)
+    except BaseException:
+        session.unlock()
+        raise
+    diff = diff_manifests(good, bad)
+    config = options.config
+    actuator = Actuator(
+        good=good,
+        bad=bad,
+        units=diff.units,
+        session=session,
+        python=options.python,
+        transport=options.transport,
+        index_url=getattr(config, "index_url", None),
+        extra_index_urls=tuple(getattr(config, "extra_index_urls", ()) or ()),
+        find_links=tuple(getattr(config, "find_links", ()) or ()),
+        data_map=dict(getattr(config, "data_map", {}) or {}),
+        cwd=options.cwd,
+    )
+    restore = session.journal.restore
+    atexit.register(restore)
+    try:
+        blocked = actuator.blockers()
+        notes = tuple(actuator.notes())
+        units = [u.id for u in diff.units if u.bisectable and u.id not in blocked]
+        for unit in diff.units:
+            if not unit.bisectable:
+                progress(f"not bisected: {unit.title}: {unit.reason}")
+            elif unit.id in blocked:
+                progress(f"not bisected: {unit.title}: {blocked[unit.id]}")
+        for note in notes:
+            progress(f"note: {note}")
+        ordered = actuator.ordered()
+        tester = _TrialRunner(options, session, actuator, progress)
+        result = engine.search(
+            units,
+            tester,
+            threshold=options.threshold,
+            repeats=options.repeats,
+            max_samples=options.max_samples,
+            max_trials=options.max_trials,
+            ordered={u: ordered[u] for u in units if u in ordered},
+            on_failure=options.on_crash,
+            progress=lambda ev: progress(_event_text(ev)),
+        )
+    except KeyboardInterrupt:
+        session.journal.restore()
+        session.remove_worktrees()
+        session.append({"type": "interrupted"})
+        session.unlock()
+        raise Interrupted(
+            f"interrupted; files restored, session saved in {session.root} "
+            "(continue with 'envbisect run --resume', clean up with 'envbisect reset')"
+        ) from None
+    finally:
+        session.journal.restore()
+        atexit.unregister(restore)
+    out = _result(result, diff, blocked, notes, session, options, bad_path, tester)
+    session.append(
+        {
+            "type": "end",
+            "outcome": out.outcome,
+            "culprits": [c.unit.id for c in out.culprits],
+            "message": out.message,
+            "trials": [t.as_dict() for t in out.trials],
+        }
+    )
+    actuator.close()
+    session.unlock()
+    return out
+
+
+def _event_text(event: Any) -> str:
+    for attr in ("message", "text"):
+        value = getattr(event, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return str(event)
+
+
+def _result(
+    result: Any,
+    diff: Any,
+    blocked: Mapping[str, str],
+    notes: tuple[str, ...],
+    session: Session,
+    options: RunOptions,
+    bad_path: Path,
+    tester: _TrialRunner,
+) -> RunResult:
+    outcome = getattr(result.outcome, "value", str(result.outcome))
+    units = {u.id: u for u in diff.units}
+    culprits: list[Culprit] = []
+    for c in result.culprits:
+        unit_id, commit = (c, None) if isinstance(c, str) else _culprit_parts(c)
+        if unit_id in units:
+            commit_sha = commit
+            if isinstance(commit, int):
+                commits = tester.actuator.ordered().get(unit_id) or []
+                commit_sha = commits[commit] if 0 <= commit < len(commits) else None
+            culprits.append(Culprit(units[unit_id], commit_sha))
+    rows: list[TrialRow] = []
+    for i, t in enumerate(result.trials, start=1):
+        state = t.state
+        samples = tuple(t.samples)
+        verdict = getattr(t.verdict, "value", str(t.verdict))
+        rows.append(
+            TrialRow(
+                index=getattr(t, "index", i),
+                applied=tuple(sorted(state.applied)),
+                samples=samples,
+                median=getattr(t, "median", None),
+                verdict=verdict,
+                failure=getattr(t, "failure", None),
+            )
+        )
+    good_med = next((r.median for r in rows if not r.applied), None)
+    all_ids = {u for r in rows for u in r.applied}
+    bad_med = None
+    for r in rows:
+        if set(r.applied) == all_ids and r.applied:
+            bad_med = r.median
+            break
+    return RunResult(
+        outcome=outcome,
+        threshold=options.threshold,
+        culprits=tuple(culprits),
+        trials=tuple(rows),
+        diff=diff,
+        blocked=dict(blocked),
+        notes=notes,
+        session=session.root,
+        message=str(getattr(result, "message", "") or ""),
+        good_path=options.good,
+        bad_path=bad_path,
+        smoke=options.smoke,
+        good_median=good_med,
+        bad_median=bad_med,
+    )
+
+
+def _culprit_parts(c: Any) -> tuple[str, Any]:
+    if isinstance(c, tuple):
+        return str(c[0]), c[1] if len(c) > 1 else None
+    return str(getattr(c, "unit", c)), getattr(c, "commit", getattr(c, "position", None))
+
+
+def validate_options(options: RunOptions) -> None:
+    """Bad combinations → UsageError (before anything runs)."""
+    if options.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    if options.on_crash not in ("bad", "skip"):
+        raise UsageError("--on-crash must be 'bad' or 'skip'")
+    if options.timeout_s <= 0:
+        raise UsageError("--timeout must be positive")

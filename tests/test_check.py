@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from envbisect.cli import cli
+from tests.helpers_run import SLOWDOWN, WORKLOAD, commit_all, git, init_repo, run_workload
+
+
+def _threshold(fast: float) -> float:
+    # Geometric middle between the fast rate and the SLOWDOWN-times slower one.
+    return fast / SLOWDOWN**0.5
+
+
+def _repo_with_slow_commit(tmp_path: Path) -> tuple[Path, list[str]]:
+    repo = init_repo(tmp_path / "repo")
+    (repo / "train.py").write_text(WORKLOAD)
+    (repo / "knob.txt").write_text("1\n")
+    shas = [commit_all(repo, "workload")]
+    (repo / "README").write_text("docs\n")
+    shas.append(commit_all(repo, "docs"))
+    (repo / "knob.txt").write_text(f"{SLOWDOWN}\n")
+    shas.append(commit_all(repo, "more work per token"))
+    (repo / "README").write_text("more docs\n")
+    shas.append(commit_all(repo, "docs again"))
+    return repo, shas
+
+
+def test_check_exit_codes_good_bad_and_cannot_test(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(WORKLOAD)
+    fast = run_workload(sys.executable, script)
+    runner = CliRunner()
+    args = ["check", "--until-ktoks", f"{_threshold(fast):.0f}", "--", sys.executable, str(script)]
+    good = runner.invoke(cli, args, standalone_mode=False)
+    assert good.exception is None and good.return_value == 0, good.output
+    assert good.stdout.startswith("good: ")
+    (tmp_path / "knob.txt").write_text(f"{SLOWDOWN}\n")
+    bad = runner.invoke(cli, args, standalone_mode=False)
+    assert bad.return_value == 1 and bad.stdout.startswith("bad: ")
+    crash = runner.invoke(
+        cli,
+        ["check", "--until-ktoks", "1k", "--", sys.executable, "-c", "raise SystemExit(3)"],
+        standalone_mode=False,
+    )
+    assert crash.return_value == 125
+    assert "cannot test: crash: exit 3" in crash.stdout
+
+
+def test_check_with_metric_regex_in_ktoks(tmp_path: Path) -> None:
+    runner = CliRunner()
+    cmd = [sys.executable, "-c", "print('step 9: 12.8 Ktok/s')"]
+    base = ["check", "--metric-regex", r"([0-9.]+) Ktok/s", "--"]
+    hi = runner.invoke(
+        cli, ["check", "--until-ktoks", "12k", *base[1:], *cmd], standalone_mode=False
+    )
+    assert hi.return_value == 0, hi.output
+    lo = runner.invoke(
+        cli, ["check", "--until-ktoks", "13k", *base[1:], *cmd], standalone_mode=False
+    )
+    assert lo.return_value == 1
+    assert "12,800 tok/s (12.8 Ktok/s)" in lo.stdout
+
+
+def test_check_bad_threshold_is_exit_2_without_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "check", "--until-ktoks", "fast", "--", "true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "envbisect: error: --until-ktoks 'fast': expected a throughput like 12000, 12k or 12.8k"
+    ]
+
+
+def test_git_bisect_run_finds_the_commit_that_made_tokens_expensive(tmp_path: Path) -> None:
+    repo, shas = _repo_with_slow_commit(tmp_path)
+    git(repo, "checkout", "-q", shas[0])
+    fast = run_workload(sys.executable, repo / "train.py")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "bisect", "start", shas[-1], shas[0])
+    proc = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "bisect",
+            "run",
+            sys.executable,
+            "-m",
+            "envbisect",
+            "check",
+            "--until-ktoks",
+            f"{_threshold(fast):.0f}",
+            "--",
+            sys.executable,
+            "train.py",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=repo,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{shas[2]} is the first bad commit" in proc.stdout
+    git(repo, "bisect", "reset")

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envbisect.errors import UsageError
+from envbisect.metric import MetricSpec, format_tok, measure, parse_ktoks
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("12000", 12000.0),
+        ("12k", 12000.0),
+        ("12.8k", 12800.0),
+        ("12.8K", 12800.0),
+        ("1,500", 1500.0),
+    ],
+)
+def test_parse_ktoks(text: str, value: float) -> None:
+    assert parse_ktoks(text) == value
+
+
+@pytest.mark.parametrize("text", ["fast", "-3", "0", "k"])
+def test_parse_ktoks_rejects_nonsense_in_one_line(text: str) -> None:
+    with pytest.raises(UsageError, match="--until-ktoks"):
+        parse_ktoks(text)
+
+
+def test_format_tok_matches_the_start_line() -> None:
+    assert format_tok(12000) == "12,000 tok/s (12.0 Ktok/s)"
+
+
+def test_metric_regex_unit_scales_and_last_match_wins() -> None:
+    spec = MetricSpec.parse(r"([0-9.]+) Ktok/s")
+    assert spec.scale == 1000
+    log = "step 1: 3.1 Ktok/s\nstep 2: 12.8 Ktok/s\n"
+    assert spec.read(log) == pytest.approx(12800.0)
+    assert MetricSpec.parse(r"throughput=([0-9.]+)\s*tok/s").read("throughput=950 tok/s") == 950
+
+
+@pytest.mark.parametrize("regex", [r"[0-9.]+ Ktok/s", r"([0-9.]+)", r"(["])
+def test_metric_regex_errors_name_the_option(regex: str) -> None:
+    with pytest.raises(UsageError, match="--metric-regex"):
+        MetricSpec.parse(regex)
+
+
+def test_sources_in_order_file_then_frame_then_line(tmp_path: Path) -> None:
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"ok": True, "tok_per_s": 100.0}))
+    line = b'noise\nENVBISECT_RESULT {"ok": true, "tok_per_s": 300.0}\n'
+    frame = {"ok": True, "tok_per_s": 200.0}
+    kw = {"stderr": b"", "returncode": 0, "timed_out": False}
+    assert measure(stdout=line, result_file=f, frame=frame, **kw).tok_per_s == 100.0
+    assert measure(stdout=line, result_file=tmp_path / "none", frame=frame, **kw).source == "frame"
+    m = measure(stdout=line, result_file=tmp_path / "none", **kw)
+    assert (m.tok_per_s, m.source) == (300.0, "line")
+
+
+def test_failures_are_named() -> None:
+    ok_line = b'ENVBISECT_RESULT {"ok": true, "tok_per_s": 5.0}\n'
+    assert (
+        measure(stdout=ok_line, stderr=b"", returncode=None, timed_out=True, timeout_s=30).failure
+        == "timeout after 30s"
+    )
+    crashed = measure(
+        stdout=ok_line, stderr=b"Traceback\nRuntimeError: boom\n", returncode=1, timed_out=False
+    )
+    assert crashed.failure == "crash: exit 1: RuntimeError: boom"
+    oom = measure(
+        stdout=b"",
+        stderr=b"torch.OutOfMemoryError: CUDA out of memory\n",
+        returncode=1,
+        timed_out=False,
+    )
+    assert oom.failure is not None and oom.failure.startswith("oom:")
+    bad_result = (
+        b'ENVBISECT_RESULT {"ok": false, "tok_per_s": null, '
+        b'"error": {"class": "RuntimeError", "message": "is_fx_symbolic_tracing"}}\n'
+    )
+    m = measure(stdout=bad_result, stderr=b"", returncode=0, timed_out=False)
+    assert m.failure == "crash: RuntimeError: is_fx_symbolic_tracing"
+    none = measure(stdout=b"hello\n", stderr=b"", returncode=0, timed_out=False)
+    assert none.failure is not None and none.failure.startswith("no metric:")
+    spec = MetricSpec.parse(r"([0-9.]+) tok/s")
+    assert (
+        measure(
+            stdout=b"7.5 tok/s\n", stderr=b"", returncode=0, timed_out=False, spec=spec
+        ).tok_per_s
+        == 7.5
+    )
