@@ -1,0 +1,121 @@
+"""render.py: golden outputs for every format on the fixture pairs.
+
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_render.py``
+and review the diff of tests/golden/ before committing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+from envbisect import manifest
+from envbisect.diff import DiffResult, diff_manifests
+from envbisect.render import FORMATS, render, show_value
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+SUFFIX = {"table": "txt", "markdown": "md", "json": "json", "yaml": "yaml"}
+
+
+def result_for(pair: str, monkeypatch: pytest.MonkeyPatch, **kw: object) -> DiffResult:
+    # Paths are shown as given: load them relative to the repo root so goldens are portable.
+    monkeypatch.chdir(ROOT)
+    good = manifest.load(f"fixtures/diff/{pair}/good.yaml")
+    bad = manifest.load(f"fixtures/diff/{pair}/bad.yaml")
+    return diff_manifests(good, bad, **kw)  # type: ignore[arg-type]
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("pair", ["seed", "kinds"])
+def test_golden(pair: str, fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_golden(f"diff_{pair}.{SUFFIX[fmt]}", render(result_for(pair, monkeypatch), fmt))
+
+
+def test_golden_all_and_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = result_for("seed", monkeypatch, include_volatile=True).select(["caches", "meta"])
+    check_golden("diff_seed_all_caches_meta.txt", render(result, "table"))
+
+
+def test_json_and_yaml_carry_the_same_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = result_for("kinds", monkeypatch)
+    assert json.loads(render(result, "json")) == yaml.safe_load(render(result, "yaml"))
+    assert json.loads(render(result, "json")) == json.loads(json.dumps(result.as_dict()))
+
+
+def test_table_is_grouped_in_relevance_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = render(result_for("kinds", monkeypatch), "table")
+    headers = ["torch stack", "packages", "files", "git repos", "environment", "data", "caches"]
+    headers += ["probes", "python", "system", "gpu", "slurm"]
+    positions = [text.index(f"\n{h}") for h in headers]
+    assert positions == sorted(positions)
+    assert text.rstrip().endswith(
+        "→ 13 bisectable units, 12 not bisectable (6 volatile hidden; --all shows them)"
+    )
+
+
+def test_markdown_collapses_the_full_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = result_for("seed", monkeypatch)
+    text = render(result, "markdown")
+    details = text.index("<details><summary>All 48 changes</summary>")
+    assert text.index("| `torch-stack`") < details < text.index("| packages  | nvidia-cublas ")
+    assert text.rstrip().endswith("</details>")
+    # One unit row per unit above the fold.
+    assert text[:details].count("\n| `") == len(result.units)
+
+
+def test_colours_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = result_for("kinds", monkeypatch)
+    plain = render(result, "table", color=False)
+    coloured = render(result, "table", color=True)
+    assert "\x1b[" not in plain and "\x1b[" in coloured
+    # Colours do not shift the columns (tabulate measures visible width).
+    assert click.unstyle(coloured) == plain
+    for fmt in ("markdown", "json", "yaml"):
+        assert "\x1b[" not in render(result, fmt, color=True)
+
+
+def test_secrets_never_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = result_for("kinds", monkeypatch)
+    for fmt in ("table", "markdown"):
+        text = render(result, fmt)
+        assert "wandb-plain-value" not in text
+        assert "<redacted>" in text
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (None, "-"),
+        ({"redacted": "abcd1234"}, "<redacted>"),
+        ("a" * 64, "a" * 12),
+        ("0123456789abcdef0123456789abcdef01234567", "0123456789ab"),
+        ("2.11.0+cu130", "2.11.0+cu130"),
+        (91900, "91900"),
+    ],
+)
+def test_show_value(value: object, shown: str) -> None:
+    assert show_value(value) == shown
+
+
+def test_identical_renders_summary_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    good = manifest.load("fixtures/diff/seed/good.yaml")
+    result = diff_manifests(good, good)
+    assert render(result, "table").rstrip().endswith("identical: no changes")
+    assert "<details>" not in render(result, "markdown")
+    assert json.loads(render(result, "json"))["identical"] is True
