@@ -1,0 +1,803 @@
+"""The bisection engine: which of the changed units made training slow? Pure, no I/O.
+
+A *state* is a set of units applied on top of the good state (``State``). The caller supplies
+a test function ``test(state, n) -> Outcome`` that measures ``n`` more throughput samples of
+that state (or reports why it could not: ``"build: ..."``, ``"crash: ..."``, ``"timeout"``),
+and the engine decides which states to measure:
+
+1. **Endpoints.** ∅ and the full set, each with at least 3 samples (this also estimates the
+   noise; more samples while either sits inside the noise band). If the full set is good,
+   or ∅ is bad, or the two cannot be told apart, the outcome is ``NOT_REPRODUCED``.
+2. **Threshold.** The caller's, or the geometric mean of the endpoint medians.
+3. **Isolation** with Zeller's dd (the isolating variant, "+/-" — tests ``pass ∪ Δi`` and
+   ``fail \\ Δi``). With conclusive verdicts it is binary splitting: a good half moves the
+   good side up (the cause lies in the other half, relative to a state proven good), a bad
+   half becomes the new bad side. Unresolved states (noise, or a failure with
+   ``on_failure="skip"``) make it try the complement, then split finer. Every step rests on
+   two measured states, never on an assumption.
+4. **Confirmation.** The isolated unit alone on top of good must be bad. If it is good, the
+   cause is an interaction: the search isolates again with that unit applied, inside the
+   last good state, until the collected units are bad together (each of them is needed:
+   the set minus any one lies inside a state measured good). Then everything *but* the
+   culprit must be good; if it is still slow another cause remains, which ``find_all=True``
+   goes on to isolate the same way.
+5. **Ordered units** (a git repo with the commits between good and bad) found guilty are
+   bisected over their commit list with the rest of the culprit applied, skipping
+   unmeasurable commits the way ``git bisect skip`` does.
+
+Every state is measured once; its samples and verdict are cached (more samples are added to
+the same trial while its median is inside the noise band, up to ``max_samples``).
+
+Public API:
+
+- ``State(applied, positions)``, ``Outcome(samples, failure)``, ``TestFn``.
+- ``search(units, test, *, threshold, repeats, max_samples, max_trials, find_all, ordered,
+  on_failure, progress, replay) -> SearchResult``.
+- ``SearchResult``: ``outcome`` (``SearchOutcome``: found / ambiguous / not-reproduced /
+  aborted), ``culprits`` (``Culprit``: units, evidence, narrowed commits), ``candidates``,
+  ``restored`` (everything but the culprits, measured good), ``threshold``, ``noise``,
+  ``trials`` (``Trial``: index, state, samples, median, verdict, failure, purpose),
+  ``message``, ``interrupted``; ``as_dict()`` for JSON/YAML renderers.
+- ``Event`` / ``EventKind``: progress (trial started, more samples, trial finished, phase),
+  each with an estimate of the trials left.
+- ``Verdict`` (re-exported from ``verdict``).
+
+Argument mistakes (empty or duplicate units, a non-positive threshold, ...) raise
+``ValueError``: they are programming errors of the caller, which validates user input first.
+A ``KeyboardInterrupt`` raised by the test function ends the search with ``ABORTED`` and
+``interrupted=True``, carrying everything known so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
+
+__all__ = [
+    "Culprit",
+    "Event",
+    "EventKind",
+    "Evidence",
+    "Narrowed",
+    "Outcome",
+    "SearchOutcome",
+    "SearchResult",
+    "State",
+    "TestFn",
+    "Trial",
+    "Verdict",
+    "search",
+]
+
+
+@dataclass(frozen=True)
+class State:
+    """Units applied on top of the good state.
+
+    ``positions`` holds, for ordered units only, the index into that unit's ordered list
+    (commits) it is applied at; an applied unit without a position is applied in full (at
+    its last, bad item). Build states with ``State.of`` to get the canonical form that the
+    cache relies on.
+    """
+
+    applied: frozenset[str]
+    positions: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def of(cls, applied: Iterable[str], positions: Mapping[str, int] | None = None) -> State:
+        applied_set = frozenset(applied)
+        pos = tuple(sorted((u, int(i)) for u, i in (positions or {}).items()))
+        for unit, _ in pos:
+            if unit not in applied_set:
+                raise ValueError(f"position given for unit {unit!r}, which is not applied")
+        return cls(applied_set, pos)
+
+    def position(self, unit: str) -> int | None:
+        return dict(self.positions).get(unit)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"applied": sorted(self.applied), "positions": dict(self.positions)}
+
+    def describe(self) -> str:
+        if not self.applied:
+            return "good state (nothing applied)"
+        pos = dict(self.positions)
+        parts = [f"{u}@{pos[u]}" if u in pos else u for u in sorted(self.applied)]
+        return "+ " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of the test function measured: new samples (tok/s), or a failure."""
+
+    samples: tuple[float, ...] = ()
+    failure: str | None = None
+
+
+TestFn = Callable[[State, int], Outcome]
+
+
+class SearchOutcome(str, Enum):
+    FOUND = "found"
+    AMBIGUOUS = "ambiguous"
+    NOT_REPRODUCED = "not-reproduced"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured state. ``index`` is 1-based, in the order states were first measured."""
+
+    index: int
+    state: State
+    samples: tuple[float, ...]
+    median: float | None
+    verdict: Verdict
+    failure: str | None = None
+    purpose: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "state": self.state.as_dict(),
+            "samples": list(self.samples),
+            "median": self.median,
+            "verdict": self.verdict.value,
+            "failure": self.failure,
+            "purpose": self.purpose,
+        }
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Two measured states that differ only by the culprit: ``good`` without, ``bad`` with.
+
+    ``ratio`` is how many times slower the bad state ran (None if it failed to run).
+    """
+
+    good: Trial
+    bad: Trial
+    ratio: float | None
+
+    @classmethod
+    def of(cls, good: Trial, bad: Trial) -> Evidence:
+        return cls(good, bad, ratio(good.samples, bad.samples) if not bad.failure else None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"good": self.good.index, "bad": self.bad.index, "ratio": self.ratio}
+
+
+@dataclass(frozen=True)
+class Narrowed:
+    """An ordered unit bisected over its items (commits).
+
+    ``candidates`` are the positions that can still be the first bad one: one when found,
+    several when unmeasurable (skipped) items hide the boundary.
+    """
+
+    unit: str
+    candidates: tuple[int, ...]
+    items: tuple[str, ...]
+    evidence: Evidence | None
+
+    @property
+    def first_bad(self) -> int | None:
+        return self.candidates[0] if len(self.candidates) == 1 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "first_bad": self.first_bad,
+            "candidates": [
+                {"position": p, "item": i} for p, i in zip(self.candidates, self.items, strict=True)
+            ],
+            "evidence": self.evidence.as_dict() if self.evidence else None,
+        }
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """Units that, applied alone on top of good, make it slow.
+
+    One unit normally; several when they are slow only together (an interaction), each of
+    them needed. ``alone``: ∅ (good) vs these units alone (bad). ``without``: everything but
+    them (good) vs everything (bad), None when reverting them alone does not restore speed.
+    """
+
+    units: tuple[str, ...]
+    alone: Evidence
+    without: Evidence | None = None
+    narrowed: tuple[Narrowed, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "units": list(self.units),
+            "alone": self.alone.as_dict(),
+            "without": self.without.as_dict() if self.without else None,
+            "narrowed": [n.as_dict() for n in self.narrowed],
+        }
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Everything the search established, in the order it was established."""
+
+    outcome: SearchOutcome
+    message: str
+    threshold: float | None
+    noise: float | None
+    trials: tuple[Trial, ...]
+    culprits: tuple[Culprit, ...] = ()
+    candidates: tuple[str, ...] = ()
+    restored: Evidence | None = None
+    interrupted: bool = False
+
+    @property
+    def samples(self) -> int:
+        return sum(len(t.samples) for t in self.trials)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "message": self.message,
+            "threshold": self.threshold,
+            "noise_cv": self.noise,
+            "culprits": [c.as_dict() for c in self.culprits],
+            "candidates": list(self.candidates),
+            "restored": self.restored.as_dict() if self.restored else None,
+            "interrupted": self.interrupted,
+            "trials": [t.as_dict() for t in self.trials],
+        }
+
+
+class EventKind(str, Enum):
+    PHASE = "phase"
+    TRIAL_STARTED = "trial-started"
+    MORE_SAMPLES = "more-samples"
+    TRIAL_FINISHED = "trial-finished"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A progress report. ``trials_left`` is an estimate (None before the endpoints)."""
+
+    kind: EventKind
+    message: str
+    trial: Trial | None = None
+    state: State | None = None
+    trials_left: int | None = None
+
+
+# -- engine ----------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Internal: the trial budget is spent."""
+
+
+@dataclass
+class _Record:
+    index: int
+    state: State
+    purpose: str
+    samples: list[float] = field(default_factory=list)
+    failure: str | None = None
+    verdict: Verdict = Verdict.UNRESOLVED
+
+    def freeze(self) -> Trial:
+        return Trial(
+            index=self.index,
+            state=self.state,
+            samples=tuple(self.samples),
+            median=median(self.samples) if self.samples else None,
+            verdict=self.verdict,
+            failure=self.failure,
+            purpose=self.purpose,
+        )
+
+
+class _Ambiguous(Exception):
+    """Internal: the cause is somewhere in ``candidates`` but the search cannot say where."""
+
+    def __init__(self, candidates: frozenset[str], why: str) -> None:
+        super().__init__(why)
+        self.candidates = candidates
+        self.why = why
+
+
+def _log2ceil(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+class _Engine:
+    def __init__(
+        self,
+        units: Sequence[str],
+        test: TestFn,
+        *,
+        threshold: float | None,
+        repeats: int,
+        max_samples: int,
+        max_trials: int | None,
+        find_all: bool,
+        ordered: Mapping[str, Sequence[str]],
+        on_failure: str,
+        progress: Callable[[Event], None] | None,
+        replay: Mapping[State, Outcome],
+    ) -> None:
+        self.units = tuple(units)
+        self.rank = {u: i for i, u in enumerate(self.units)}
+        self.all = frozenset(self.units)
+        self.test = test
+        self.caller_threshold = threshold
+        self.repeats = repeats
+        self.max_samples = max_samples
+        self.max_trials = max_trials
+        self.find_all = find_all
+        self.ordered = {u: tuple(items) for u, items in ordered.items()}
+        self.on_failure = on_failure
+        self.progress = progress
+        self.replay = dict(replay)
+        self.records: dict[State, _Record] = {}
+        self.order: list[_Record] = []
+        self.judge: Judge | None = None
+        self.threshold: float | None = threshold
+        self.left: int | None = None
+        # What is known so far, for an aborted search.
+        self.candidates: frozenset[str] = self.all
+        self.culprits: list[Culprit] = []
+
+    # -- measuring -------------------------------------------------------------------------
+
+    def _emit(self, kind: EventKind, message: str, rec: _Record | None = None) -> None:
+        if self.progress is not None:
+            self.progress(
+                Event(
+                    kind=kind,
+                    message=message,
+                    trial=rec.freeze() if rec else None,
+                    state=rec.state if rec else None,
+                    trials_left=self.left,
+                )
+            )
+
+    def _call(self, rec: _Record, n: int) -> None:
+        replayed = self.replay.pop(rec.state, None)
+        out = replayed if replayed is not None else self.test(rec.state, n)
+        if not isinstance(out, Outcome):
+            raise TypeError(f"test function returned {type(out).__name__}, not Outcome")
+        good = [float(x) for x in out.samples if math.isfinite(float(x))]
+        rec.samples.extend(good)
+        if out.failure:
+            rec.failure = out.failure
+        elif not good:
+            rec.failure = "no samples"
+
+    def _noise(self) -> Noise:
+        return Noise.from_groups(r.samples for r in self.order if not r.failure)
+
+    def _judge(self) -> Judge:
+        noise = self._noise()
+        assert self.threshold is not None
+        se = 0.0
+        if self.caller_threshold is None:
+            good, bad = self.records[State.of(())], self.records[State.of(self.all)]
+            if good.samples and bad.samples and not bad.failure:
+                se = default_threshold(good.samples, bad.samples, noise)[1]
+        return Judge(self.threshold, noise, threshold_se=se)
+
+    def _decide(self, rec: _Record) -> Verdict:
+        if rec.failure:
+            return Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
+        return self._judge().verdict(rec.samples)
+
+    def _start(self, state: State, purpose: str, n: int) -> _Record:
+        if self.max_trials is not None and len(self.order) >= self.max_trials:
+            raise _Stop
+        rec = _Record(index=len(self.order) + 1, state=state, purpose=purpose)
+        self.records[state] = rec
+        self.order.append(rec)
+        self._emit(
+            EventKind.TRIAL_STARTED, f"trial {rec.index}: {state.describe()} ({purpose})", rec
+        )
+        self._call(rec, n)
+        return rec
+
+    def _more(self, rec: _Record) -> None:
+        n = min(2, self.max_samples - len(rec.samples))
+        self._emit(EventKind.MORE_SAMPLES, f"trial {rec.index}: {n} more sample(s)", rec)
+        self._call(rec, n)
+
+    def _finish(self, rec: _Record) -> Verdict:
+        rec.verdict = self._decide(rec)
+        if self.left:
+            self.left -= 1
+        self._emit(EventKind.TRIAL_FINISHED, f"trial {rec.index}: {rec.verdict.value}", rec)
+        return rec.verdict
+
+    def measure(self, state: State, purpose: str) -> Verdict:
+        """The verdict on ``state``, measuring it (once) if it is not cached."""
+        cached = self.records.get(state)
+        if cached is not None:
+            return cached.verdict
+        rec = self._start(state, purpose, self.repeats)
+        while not rec.failure and self._judge().needs_more(rec.samples, self.max_samples):
+            self._more(rec)
+        return self._finish(rec)
+
+    def trial(self, state: State) -> Trial:
+        return self.records[state].freeze()
+
+    def applied(self, units: Iterable[str]) -> State:
+        return State.of(units)
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    def endpoints(self) -> str | None:
+        """Measure ∅ and the full set; return why the regression is not reproduced, or None."""
+        n0 = max(3, self.repeats)
+        self._emit(EventKind.PHASE, "measuring the endpoints")
+        good = self._start(State.of(()), "endpoint: good", n0)
+        bad = self._start(State.of(self.all), "endpoint: bad", n0)
+        if good.failure:
+            good.verdict = Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
+            self._finish_endpoint(good)
+            bad.verdict = self._decide_bad_endpoint(bad)
+            self._finish_endpoint(bad)
+            return (
+                f"the good state fails here too ({good.failure}) — the cause is outside "
+                "the recorded software: see the non-bisectable changes"
+            )
+        while True:
+            self._set_threshold(good, bad)
+            gv, bv = self._decide(good), self._decide(bad)
+            unsettled = [r for r, v in ((good, gv), (bad, bv)) if v is Verdict.UNRESOLVED]
+            growable = [r for r in unsettled if not r.failure and len(r.samples) < self.max_samples]
+            if not growable:
+                break
+            # The default threshold moves with both medians, so both get more samples.
+            for r in (good, bad) if self.caller_threshold is None else growable:
+                if not r.failure and len(r.samples) < self.max_samples:
+                    self._more(r)
+        good.verdict, bad.verdict = gv, bv
+        self._finish_endpoint(good)
+        self._finish_endpoint(bad)
+        if bv is Verdict.GOOD:
+            return "the regression does not reproduce: the full set of changes runs fast here"
+        if gv is Verdict.BAD:
+            return (
+                "the good state is slow here too — the cause is outside the recorded "
+                "software: see the non-bisectable changes"
+            )
+        if gv is Verdict.UNRESOLVED or bv is Verdict.UNRESOLVED:
+            g = f"{median(good.samples):.4g}"
+            b = f"{median(bad.samples):.4g}" if bad.samples else "no samples"
+            return (
+                f"the regression does not reproduce clearly: good state {g} tok/s, full set "
+                f"{b} tok/s, threshold {self.threshold:.4g} tok/s are within the noise "
+                f"(±{self._noise().sigma:.1%} per sample) after {len(good.samples)} samples"
+            )
+        return None
+
+    def _decide_bad_endpoint(self, bad: _Record) -> Verdict:
+        if bad.failure:
+            return Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
+        return Verdict.UNRESOLVED
+
+    def _finish_endpoint(self, rec: _Record) -> None:
+        self._emit(EventKind.TRIAL_FINISHED, f"trial {rec.index}: {rec.verdict.value}", rec)
+
+    def _set_threshold(self, good: _Record, bad: _Record) -> None:
+        if self.caller_threshold is not None:
+            return
+        if bad.failure or not bad.samples:
+            # The regression is a failure, not a slowdown: a state that runs at all counts
+            # as slow only at under half the good speed.
+            self.threshold = median(good.samples) / 2
+        else:
+            self.threshold = default_threshold(good.samples, bad.samples, self._noise())[0]
+
+    # -- isolation (Zeller's dd, isolating variant) ----------------------------------------
+
+    def _sorted(self, units: Iterable[str]) -> list[str]:
+        return sorted(units, key=self.rank.__getitem__)
+
+    def dd(
+        self, passing: frozenset[str], failing: frozenset[str], purpose: str
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """Narrow (passing good, failing bad, passing ⊂ failing) to a 1-unit difference.
+
+        Returns the final pair; their difference has more than one unit only when every
+        split of it is unresolved.
+        """
+        n = 2
+        while True:
+            delta = self._sorted(failing - passing)
+            self.candidates = frozenset(delta)
+            if len(delta) <= 1:
+                return passing, failing
+            self._estimate(len(delta))
+            n = min(n, len(delta))
+            parts = [
+                frozenset(delta[i * len(delta) // n : (i + 1) * len(delta) // n]) for i in range(n)
+            ]
+            # Lazy dd: act on the first conclusive test. Testing passing ∪ Δi, then
+            # failing \ Δi (the "+/-" of dd) means any conclusive verdict narrows the pair.
+            step = None
+            for part in parts:
+                for state, inside in ((passing | part, True), (failing - part, False)):
+                    v = self.measure(State.of(state), purpose)
+                    if v is Verdict.UNRESOLVED:
+                        continue
+                    if v is Verdict.BAD:
+                        failing = state
+                    else:
+                        passing = state
+                    # passing ∪ Δi bad, or failing \ Δi good: the cause is inside Δi
+                    # (restart at halves); otherwise only Δi is ruled out (Zeller: n - 1).
+                    step = (v is Verdict.BAD) == inside
+                    break
+                if step is not None:
+                    break
+            if step is not None:
+                n = 2 if step else max(n - 1, 2)
+                continue
+            if n >= len(delta):
+                return passing, failing
+            n = min(2 * n, len(delta))
+
+    def _estimate(self, delta: int) -> None:
+        ordered = max((_log2ceil(len(v) + 1) for v in self.ordered.values()), default=0)
+        self.left = _log2ceil(delta) + 2 + ordered
+
+    def find_core(self, bad: frozenset[str]) -> frozenset[str]:
+        """A minimal set of units that is bad alone, inside the bad set ``bad``."""
+        core: frozenset[str] = frozenset()
+        pool = bad
+        while True:
+            passing, failing = self.dd(core, core | pool, "isolate")
+            delta = failing - passing
+            if len(delta) != 1:
+                raise _Ambiguous(
+                    delta | core,
+                    f"every split of {len(delta)} candidate units was unresolved",
+                )
+            core = core | delta
+            rest = passing - core
+            self.candidates = core | rest
+            if not rest:
+                return core  # `failing` is exactly the core, measured bad
+            v = self.measure(State.of(core), "confirm: alone")
+            if v is Verdict.BAD:
+                return core
+            if v is Verdict.UNRESOLVED:
+                raise _Ambiguous(
+                    core | rest,
+                    f"{', '.join(self._sorted(core))} alone on top of good is unresolved",
+                )
+            # Good alone: the rest of the cause is inside the last good state; isolate it
+            # with the core applied.
+            pool = rest
+            self._emit(
+                EventKind.PHASE,
+                f"{', '.join(self._sorted(core))} alone is fast: looking for what it needs",
+            )
+
+    # -- ordered units ---------------------------------------------------------------------
+
+    def narrow(self, core: frozenset[str]) -> tuple[Narrowed, ...]:
+        out = []
+        for unit in self._sorted(core):
+            items = self.ordered.get(unit)
+            if not items or len(items) < 2:
+                continue
+            out.append(self._narrow_one(core, unit, items))
+        return tuple(out)
+
+    def _narrow_one(self, core: frozenset[str], unit: str, items: tuple[str, ...]) -> Narrowed:
+        self._emit(EventKind.PHASE, f"{unit} is guilty: bisecting its {len(items)} items")
+        last = len(items) - 1
+
+        def state_at(p: int) -> State:
+            if p < 0:
+                return State.of(core - {unit})
+            return State.of(core, {unit: p} if p < last else None)
+
+        lo, hi = -1, last  # state_at(lo) good, state_at(hi) bad
+        skipped: set[int] = set()
+        while hi - lo > 1:
+            mid = (lo + hi) / 2
+            choices = [p for p in range(lo + 1, hi) if p not in skipped]
+            if not choices:
+                break
+            self.left = _log2ceil(len(choices) + 1)
+            p = min(choices, key=lambda q: (abs(q - mid), q))
+            v = self.measure(state_at(p), f"narrow: {unit}")
+            if v is Verdict.GOOD:
+                lo = p
+            elif v is Verdict.BAD:
+                hi = p
+            else:
+                skipped.add(p)
+        candidates = tuple(range(lo + 1, hi + 1))
+        evidence = None
+        if len(candidates) == 1:
+            evidence = Evidence.of(self.trial(state_at(lo)), self.trial(state_at(hi)))
+        return Narrowed(unit, candidates, tuple(items[p] for p in candidates), evidence)
+
+    # -- the whole search ------------------------------------------------------------------
+
+    def run(self) -> SearchResult:
+        why = self.endpoints()
+        if why is not None:
+            return self._result(SearchOutcome.NOT_REPRODUCED, why, candidates=())
+        bad = self.all
+        restored: Evidence | None = None
+        notes: list[str] = []
+        while True:
+            self._emit(EventKind.PHASE, f"isolating among {len(bad)} units")
+            try:
+                core = self.find_core(bad)
+            except _Ambiguous as amb:
+                if self.culprits:
+                    notes.append(f"another cause among {len(amb.candidates)} units: {amb.why}")
+                    return self._result(
+                        SearchOutcome.FOUND, self._found_message(notes), candidates=amb.candidates
+                    )
+                return self._result(
+                    SearchOutcome.AMBIGUOUS,
+                    f"the cause is among {len(amb.candidates)} units but cannot be isolated: "
+                    f"{amb.why}",
+                    candidates=amb.candidates,
+                )
+            alone = Evidence.of(self.trial(State.of(())), self.trial(State.of(core)))
+            remainder = bad - core
+            v = self.measure(State.of(remainder), "confirm: without")
+            without = None
+            if v is Verdict.GOOD:
+                without = Evidence.of(self.trial(State.of(remainder)), self.trial(State.of(bad)))
+                restored = Evidence.of(
+                    self.trial(State.of(remainder)), self.trial(State.of(self.all))
+                )
+            self.culprits.append(Culprit(tuple(self._sorted(core)), alone, without))
+            self.culprits[-1] = Culprit(
+                tuple(self._sorted(core)), alone, without, self.narrow(core)
+            )
+            if v is Verdict.GOOD:
+                break
+            if v is Verdict.UNRESOLVED:
+                notes.append("whether reverting the culprits restores speed is unresolved")
+                break
+            if not self.find_all:
+                notes.append(
+                    "reverting it alone does not restore speed: other changes slow it down "
+                    "too (search with find_all to isolate them)"
+                )
+                break
+            bad = remainder
+        return self._result(
+            SearchOutcome.FOUND, self._found_message(notes), candidates=(), restored=restored
+        )
+
+    def _found_message(self, notes: list[str]) -> str:
+        names = "; ".join(" + ".join(c.units) for c in self.culprits)
+        msg = f"culprit: {names}" if len(self.culprits) == 1 else f"culprits: {names}"
+        return "; ".join([msg, *notes])
+
+    def _result(
+        self,
+        outcome: SearchOutcome,
+        message: str,
+        *,
+        candidates: Iterable[str],
+        restored: Evidence | None = None,
+        interrupted: bool = False,
+    ) -> SearchResult:
+        noise = self._noise().sigma if self.order else None
+        return SearchResult(
+            outcome=outcome,
+            message=message,
+            threshold=self.threshold,
+            noise=noise,
+            trials=tuple(r.freeze() for r in self.order),
+            culprits=tuple(self.culprits),
+            candidates=tuple(self._sorted(candidates)),
+            restored=restored,
+            interrupted=interrupted,
+        )
+
+    def aborted(self, why: str, *, interrupted: bool) -> SearchResult:
+        known = f"; found so far: {self._found_message([])}" if self.culprits else ""
+        return self._result(
+            SearchOutcome.ABORTED,
+            f"{why}{known}; the cause is among {len(self.candidates)} units",
+            candidates=self.candidates,
+            interrupted=interrupted,
+        )
+
+
+def _validate(
+    units: Sequence[str],
+    threshold: float | None,
+    repeats: int,
+    max_samples: int,
+    max_trials: int | None,
+    ordered: Mapping[str, Sequence[str]],
+    on_failure: str,
+) -> None:
+    if not units:
+        raise ValueError("no units to bisect")
+    if len(set(units)) != len(units):
+        raise ValueError("unit ids must be unique")
+    if threshold is not None and not (threshold > 0 and math.isfinite(threshold)):
+        raise ValueError(f"threshold must be a positive number, got {threshold!r}")
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    if max_samples < max(3, repeats):
+        raise ValueError("max_samples must be at least max(3, repeats)")
+    if max_trials is not None and max_trials < 2:
+        raise ValueError("max_trials must leave room for the two endpoints")
+    if on_failure not in ("bad", "skip"):
+        raise ValueError(f"on_failure must be 'bad' or 'skip', got {on_failure!r}")
+    for unit, items in ordered.items():
+        if unit not in units:
+            raise ValueError(f"ordered unit {unit!r} is not among the units")
+        if not items:
+            raise ValueError(f"ordered unit {unit!r} has no items")
+
+
+def search(
+    units: Sequence[str],
+    test: TestFn,
+    *,
+    threshold: float | None = None,
+    repeats: int = 3,
+    max_samples: int = 9,
+    max_trials: int | None = None,
+    find_all: bool = False,
+    ordered: Mapping[str, Sequence[str]] | None = None,
+    on_failure: str = "bad",
+    progress: Callable[[Event], None] | None = None,
+    replay: Mapping[State, Outcome] | None = None,
+) -> SearchResult:
+    """Find the unit(s) whose application turns the good state slow.
+
+    ``units``: unit ids, in the order splits should follow (related units next to each
+    other split together). ``test(state, n)``: measure ``n`` more samples of ``state``.
+    ``threshold``: tok/s below which a state is slow (default: geometric mean of the
+    endpoint medians). ``repeats``: samples per state to start with (endpoints get at least
+    3); more are taken, two at a time, up to ``max_samples`` while the median is inside the
+    noise band. ``max_trials``: budget of distinct states (endpoints included); when spent,
+    the outcome is ``ABORTED``. ``find_all``: keep isolating while everything but the found
+    culprits is still slow. ``ordered``: for units whose items (commits, oldest first, the
+    last one being the bad state's) are known, the item list to bisect once guilty.
+    ``on_failure``: a state that cannot be measured counts as ``"bad"`` (a crash is the
+    regression) or is skipped (``"skip"``: unresolved, split around). ``replay``: outcomes of
+    states measured in an earlier, interrupted session; used instead of calling ``test``.
+    """
+    ordered = dict(ordered or {})
+    _validate(units, threshold, repeats, max_samples, max_trials, ordered, on_failure)
+    engine = _Engine(
+        units,
+        test,
+        threshold=threshold,
+        repeats=repeats,
+        max_samples=max_samples,
+        max_trials=max_trials,
+        find_all=find_all,
+        ordered=ordered,
+        on_failure=on_failure,
+        progress=progress,
+        replay=replay or {},
+    )
+    try:
+        return engine.run()
+    except _Stop:
+        return engine.aborted(f"the budget of {max_trials} trials is spent", interrupted=False)
+    except KeyboardInterrupt:
+        return engine.aborted("interrupted", interrupted=True)
