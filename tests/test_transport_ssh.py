@@ -1,0 +1,194 @@
+"""Layer chains through a real sshd on 127.0.0.1 (see helpers_ssh.sshd_server)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers_ssh import (
+    CANARY,
+    CANARY_DIR,
+    PRINT_ARGV,
+    SshServer,
+    argv_strategy,
+    fake,
+    hex_words,
+    print_argv_result,
+    sshd_server,  # noqa: F401 - a pytest fixture, used by name
+    target_path,
+)
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from envbisect.agent.bundle import build_bundle, find_frame
+from envbisect.errors import TransportError
+from envbisect.transport import MAX_ARG_BYTES, Transport
+
+pytestmark = pytest.mark.ssh
+
+OTHER_LAYERS = [
+    "sh -c",
+    "bash -lc",
+    f"{fake('pct')} exec 200 --",
+    f"{fake('docker')} exec trainer",
+    f"{fake('kubectl')} exec trainer-0",
+    f"{fake('srun')} -p gpu",
+    "env",
+]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data(), words=argv_strategy())
+def test_random_chains_with_ssh_round_trip_argv_byte_identical(
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+    data: st.DataObject,
+    words: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    others = data.draw(st.lists(st.sampled_from(OTHER_LAYERS), max_size=3), label="others")
+    ssh_count = data.draw(st.integers(1, 2 if len(others) < 3 else 1), label="ssh hops")
+    via = list(others)
+    for _ in range(ssh_count):
+        via.insert(data.draw(st.integers(0, len(via))), sshd_server.via)
+    event(f"{len(via)} layers, {ssh_count} ssh")
+    CANARY_DIR.mkdir(parents=True, exist_ok=True)
+    transport = Transport.from_specs(via)
+    argv = [sys.executable, str(PRINT_ARGV), *words]
+    log_dir = tmp_path_factory.mktemp("ssh-chain")
+    if max(len(os.fsencode(w)) for w in transport.compose(argv)) > MAX_ARG_BYTES:
+        with pytest.raises(TransportError, match="per argument"):
+            transport.run(argv, log_dir=log_dir, timeout_s=60)
+        return
+    result = transport.run(argv, log_dir=log_dir, timeout_s=60)
+    assert print_argv_result(result.stdout()) == hex_words(words), (
+        via,
+        result.returncode,
+        result.stderr_tail(),
+    )
+    assert result.returncode == 0
+    assert not CANARY.exists(), f"canary fired via {via}"
+
+
+def test_agent_through_ssh_and_fake_pct(sshd_server: SshServer, tmp_path: Path) -> None:  # noqa: F811
+    transport = Transport.from_specs([sshd_server.via, "pct exec 200 --"])
+    params = {"q": 'it\'s "$(touch PWNED)" `x` ; \n\r\t ü 😀', "big": "z" * 200_000}
+    result = transport.run_agent(
+        sys.executable, "envbisect.agent.echo", params, timeout_s=60, log_dir=tmp_path
+    )
+    assert result["params"] == params
+    assert result["python"] == sys.executable
+    assert not (Path.home() / "PWNED").exists()
+
+
+def test_ssh_failure_is_reported_as_ssh_itself_failing(
+    sshd_server: SshServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    via = sshd_server.via.replace(f"-p {sshd_server.port}", "-p 1")
+    with pytest.raises(TransportError) as info:
+        Transport.from_specs([via]).run_agent(
+            sys.executable, "envbisect.agent.echo", {}, timeout_s=30, log_dir=tmp_path
+        )
+    message = str(info.value)
+    assert "exit code 255 (ssh itself failed)" in message
+    assert "Connection refused" in message
+    assert str(tmp_path / "agent.stderr") in message
+
+
+def _remote_sleeper(pid_file: Path, deadline_s: float | None) -> tuple[bytes, str]:
+    """A program for ``python -`` that opens the real channel, records its pid and sleeps."""
+    from envbisect.agent import channel
+
+    nonce = "feedfacefeedface"
+    source = Path(channel.__file__).read_text()
+    program = (
+        source
+        + "\nimport os as _os, time as _time\n"
+        + f"open_channel({nonce!r}, {deadline_s!r}, heartbeat_s=0.5)\n"
+        + f"open({str(pid_file)!r}, 'w').write(str(_os.getpid()))\n"
+        + "_time.sleep(120)\n"
+        + "emit({'slept': True})\n"
+    )
+    return program.encode(), nonce
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_killing_the_ssh_client_ends_the_far_python(
+    sshd_server: SshServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "far.pid"
+    program, _ = _remote_sleeper(pid_file, deadline_s=None)  # only the heartbeat can end it
+    argv = Transport.from_specs([sshd_server.via, "pct exec 200 --"]).compose([sys.executable, "-"])
+    client = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert client.stdin is not None
+    client.stdin.write(program)
+    client.stdin.close()
+    _wait_for(pid_file, 30)
+    far = int(pid_file.read_text())
+    assert far != client.pid and _alive(far)
+    client.send_signal(signal.SIGKILL)
+    client.wait()
+    end = time.monotonic() + 10
+    while _alive(far) and time.monotonic() < end:
+        time.sleep(0.1)
+    alive = _alive(far)
+    if alive:
+        os.kill(far, signal.SIGKILL)
+    assert not alive, "the far python outlived its ssh client"
+
+
+def test_far_agent_exits_at_its_own_deadline(
+    sshd_server: SshServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "far.pid"
+    program, nonce = _remote_sleeper(pid_file, deadline_s=1.0)
+    result = Transport.from_specs([sshd_server.via]).run(
+        [sys.executable, "-"], stdin=program, timeout_s=60, log_dir=tmp_path
+    )
+    assert not result.timed_out
+    assert result.returncode == 124
+    assert "deadline of 1s reached" in result.stderr_path.read_text()
+    assert find_frame(result.stdout(), nonce) is None
+    assert not _alive(int(pid_file.read_text()))
+
+
+def test_print_command_line_runs_through_ssh_when_pasted_into_bash(
+    sshd_server: SshServer,  # noqa: F811
+) -> None:
+    transport = Transport.from_specs([sshd_server.via, "pct exec 200", "bash -lc"])
+    line = transport.command_line([sys.executable, "-"])
+    bundle = build_bundle("envbisect.agent.echo", {"x": "$(y) 'z'"})
+    proc = subprocess.run(
+        ["bash", "-c", line],
+        input=bundle.source,
+        capture_output=True,
+        check=False,
+        env={**os.environ, "PATH": target_path()},
+        timeout=60,
+    )
+    payload = find_frame(proc.stdout, bundle.nonce)
+    assert payload is not None, proc.stderr[-2000:]
+    assert payload["params"] == {"x": "$(y) 'z'"}
