@@ -17,8 +17,10 @@ from envbisect.metric import format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
 
 
-def start_line(threshold: float) -> str:
+def start_line(threshold: float | None) -> str:
     """``good means ≥ 12,000 tok/s (12.0 Ktok/s)``."""
+    if threshold is None:
+        return "good means faster than midway between the endpoints"
     return f"good means ≥ {format_tok(threshold)}"
 
 
@@ -69,12 +71,10 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
 def summary_lines(result: RunResult) -> list[str]:
     """The end of ``run``'s output: culprit sentence(s) or why there is none."""
     if result.culprits:
-        return [culprit_sentence(c, result.good_median, result.bad_median) for c in result.culprits]
+        return [culprit_sentence(c, c.good_median, c.bad_median) for c in result.culprits]
     lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
     if result.blocked:
-        lines.append(
-            "Not bisected (could not be realized): " + ", ".join(sorted(result.blocked))
-        )
+        lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
     return lines
 
 
@@ -91,7 +91,7 @@ def reproduce_command(result: RunResult) -> str:
         "--bad",
         str(result.bad_path),
         "--until-ktoks",
-        f"{result.threshold:g}",
+        f"{result.threshold:.0f}" if result.threshold else "?",
     ]
     if result.smoke.metric is not None:
         argv += ["--metric-regex", result.smoke.metric.pattern.pattern]

@@ -208,7 +208,7 @@ class RunOptions:
 
     good: Path
     bad: Path | None
-    threshold: float
+    threshold: float | None
     smoke: SmokeCommand
     python: str
     transport: Transport = field(default_factory=Transport)
@@ -251,6 +251,9 @@ class Culprit:
 
     unit: Any  # envbisect.diff.Unit
     commit: str | None = None
+    good_median: float | None = None  # the evidence: good state without it ...
+    bad_median: float | None = None  # ... and with it (alone on top of good)
+    together_with: tuple[str, ...] = ()  # other units of an interaction
 
     def changes(self) -> list[dict[str, Any]]:
         from envbisect.render import show_value
@@ -269,7 +272,7 @@ class RunResult:
     """What a bisection found."""
 
     outcome: str  # found | ambiguous | not-reproduced | aborted
-    threshold: float
+    threshold: float | None
     culprits: tuple[Culprit, ...]
     trials: tuple[TrialRow, ...]
     diff: Any  # envbisect.diff.DiffResult
@@ -317,16 +320,13 @@ class _TrialRunner:
         if logged:
             rec = logged.pop(0)
             self.records.append(rec)
-            self.progress(
-                f"trial {rec.index}: {_applied_text(rec.applied, positions)} (from the session log)"
-            )
+            self.progress(f"  replayed from the session log: {rec.log_dir}")
             return Outcome(samples=rec.samples, failure=rec.failure)
         index = self.session.next_trial_index()
         trial_dir = self.session.trial_dir(index)
         samples: list[float] = []
         failure: str | None = None
         notes: tuple[str, ...] = ()
-        self.progress(f"trial {index}: {_applied_text(applied, positions)} …")
         with self.actuator.realize(applied, positions, trial_dir) as realized:
             notes = realized.notes
             if realized.failure is not None:
@@ -353,7 +353,7 @@ class _TrialRunner:
         self.records.append(rec)
         shown = ", ".join(format_ktok(s) for s in samples) or "-"
         tail = f"; {failure}" if failure else ""
-        self.progress(f"trial {index}: samples {shown} Ktok/s{tail}")
+        self.progress(f"  {shown} Ktok/s{tail}  [log {trial_dir}]")
         return Outcome(samples=tuple(samples), failure=failure)
 
     def _run(self, realized: Realized, trial_dir: Path, name: str) -> Measurement:
@@ -368,18 +368,6 @@ class _TrialRunner:
             name=name,
             argv_map=realized.map_argv,
         )
-
-
-def _applied_text(applied: Sequence[str] | frozenset[str], positions: Mapping[str, int]) -> str:
-    if not applied:
-        return "good state (nothing applied)"
-    parts = []
-    for unit in sorted(applied):
-        if unit in positions:
-            parts.append(f"{unit}@{positions[unit]}")
-        else:
-            parts.append(unit)
-    return "applied " + ", ".join(parts)
 
 
 def load_states(
@@ -467,6 +455,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             on_failure=options.on_crash,
             progress=lambda ev: progress(_event_text(ev)),
         )
+        if result.interrupted:
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         session.journal.restore()
         session.remove_worktrees()
@@ -495,11 +485,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
 
 
 def _event_text(event: Any) -> str:
-    for attr in ("message", "text"):
-        value = getattr(event, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return str(event)
+    left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
+    return f"{event.message}{left}"
 
 
 def _result(
@@ -512,44 +499,50 @@ def _result(
     bad_path: Path,
     tester: _TrialRunner,
 ) -> RunResult:
-    outcome = getattr(result.outcome, "value", str(result.outcome))
+    outcome = result.outcome.value
     units = {u.id: u for u in diff.units}
     culprits: list[Culprit] = []
     for c in result.culprits:
-        unit_id, commit = (c, None) if isinstance(c, str) else _culprit_parts(c)
-        if unit_id in units:
-            commit_sha = commit
-            if isinstance(commit, int):
-                commits = tester.actuator.ordered().get(unit_id) or []
-                commit_sha = commits[commit] if 0 <= commit < len(commits) else None
-            culprits.append(Culprit(units[unit_id], commit_sha))
-    rows: list[TrialRow] = []
-    for i, t in enumerate(result.trials, start=1):
-        state = t.state
-        samples = tuple(t.samples)
-        verdict = getattr(t.verdict, "value", str(t.verdict))
-        rows.append(
-            TrialRow(
-                index=getattr(t, "index", i),
-                applied=tuple(sorted(state.applied)),
-                samples=samples,
-                median=getattr(t, "median", None),
-                verdict=verdict,
-                failure=getattr(t, "failure", None),
+        narrowed = {n.unit: n for n in c.narrowed}
+        for unit_id in c.units:
+            commit = None
+            n = narrowed.get(unit_id)
+            if n is not None and n.first_bad is not None:
+                commit = n.items[n.first_bad]
+            culprits.append(
+                Culprit(
+                    units[unit_id],
+                    commit,
+                    good_median=c.alone.good.median,
+                    bad_median=c.alone.bad.median,
+                    together_with=tuple(u for u in c.units if u != unit_id),
+                )
             )
+    rows = tuple(
+        TrialRow(
+            index=t.index,
+            applied=tuple(
+                f"{u}@{dict(t.state.positions)[u]}" if u in dict(t.state.positions) else u
+                for u in sorted(t.state.applied)
+            ),
+            samples=tuple(t.samples),
+            median=t.median,
+            verdict=t.verdict.value,
+            failure=t.failure,
         )
+        for t in result.trials
+    )
     good_med = next((r.median for r in rows if not r.applied), None)
-    all_ids = {u for r in rows for u in r.applied}
-    bad_med = None
-    for r in rows:
-        if set(r.applied) == all_ids and r.applied:
-            bad_med = r.median
-            break
+    full = {u for t in result.trials for u in t.state.applied}
+    bad_med = next(
+        (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
+        None,
+    )
     return RunResult(
         outcome=outcome,
-        threshold=options.threshold,
+        threshold=result.threshold,
         culprits=tuple(culprits),
-        trials=tuple(rows),
+        trials=rows,
         diff=diff,
         blocked=dict(blocked),
         notes=notes,
@@ -561,12 +554,6 @@ def _result(
         good_median=good_med,
         bad_median=bad_med,
     )
-
-
-def _culprit_parts(c: Any) -> tuple[str, Any]:
-    if isinstance(c, tuple):
-        return str(c[0]), c[1] if len(c) > 1 else None
-    return str(getattr(c, "unit", c)), getattr(c, "commit", getattr(c, "position", None))
 
 
 def validate_options(options: RunOptions) -> None:

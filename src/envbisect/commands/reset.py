@@ -1,13 +1,40 @@
-"""`envbisect reset`."""
+"""`envbisect reset`: put back every file a session swapped, remove its sandboxes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from envbisect.errors import UsageError
+from envbisect.commands.common import config_option
 
 
 @click.command("reset")
-def command() -> int:
-    """Not built yet."""
-    raise UsageError("'envbisect reset' is not built yet")
+@click.option(
+    "--session",
+    "session_dir",
+    metavar="DIR",
+    help="Session directory (default .envbisect/session).",
+)
+@config_option
+def command(session_dir: str | None, config_path: str | None) -> int:
+    """Restore journaled files (e.g. after kill -9), remove worktrees, venvs and cache copies.
+
+    The session's log and trial logs stay, so 'envbisect log' still shows what was measured.
+    """
+    from envbisect.bisect.session import Session
+    from envbisect.config import Config
+
+    config = Config.load(Path(config_path) if config_path else None)
+    root = Path(session_dir) if session_dir else config.root / ".envbisect" / "session"
+    session = Session.existing(root)
+    session.lock()  # refuses while a live envbisect process still uses it
+    done = session.reset()
+    for path in done.restored:
+        click.echo(f"restored {path}")
+    for path in done.worktrees:
+        click.echo(f"removed worktree {path}")
+    for path in done.removed:
+        click.echo(f"removed {path}")
+    click.echo(f"session {session.root} reset", err=True)
+    return 0

@@ -1,13 +1,154 @@
-"""`envbisect run`."""
+"""`envbisect run`: re-run the smoke test on in-between states and name the culprit."""
 
 from __future__ import annotations
 
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
 import click
 
-from envbisect.errors import UsageError
+from envbisect.commands.common import config_option, resolve_target, target_options
 
 
-@click.command("run")
-def command() -> int:
-    """Not built yet."""
-    raise UsageError("'envbisect run' is not built yet")
+def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM/SIGHUP take the same path as Ctrl-C: files restored, session saved, exit 130.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--good", "good", metavar="PATH", help="Known-good manifest (default: good: in envbisect.yaml)."
+)
+@click.option(
+    "--bad", "bad", metavar="PATH", help="Broken-state manifest (default: a fresh snapshot now)."
+)
+@click.option(
+    "--until-ktoks",
+    "until",
+    metavar="N",
+    help="Good means at least this many tokens/s: 12000, 12k or 12.8k "
+    "(default: midway between the measured endpoints).",
+)
+@click.option("--repeats", default=3, show_default=True, help="Samples per state to start with.")
+@click.option("--max-trials", type=int, default=None, help="Budget of distinct states.")
+@click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds per run.")
+@click.option(
+    "--on-crash",
+    type=click.Choice(["bad", "skip"]),
+    default="bad",
+    show_default=True,
+    help="A crash/timeout/OOM counts as slow (bad) or cannot-test (skip).",
+)
+@click.option(
+    "--session",
+    "session_dir",
+    metavar="DIR",
+    help="Session directory (default .envbisect/session).",
+)
+@click.option("--resume", is_flag=True, help="Continue the session after an interruption.")
+@click.option("--json", "json_path", metavar="PATH", help="Write the result as JSON ('-': stdout).")
+@click.option("--report", "report_path", metavar="PATH", help="Write a markdown report.")
+@click.option(
+    "--metric-regex",
+    metavar="REGEX",
+    help="Read tok/s from the output with this regex; the unit follows the group, "
+    "e.g. '([0-9.]+) Ktok/s'.",
+)
+@target_options
+@config_option
+@click.argument("smoke_argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- SMOKE CMD ...]")
+def command(
+    good: str | None,
+    bad: str | None,
+    until: str | None,
+    repeats: int,
+    max_trials: int | None,
+    timeout_s: float,
+    on_crash: str,
+    session_dir: str | None,
+    resume: bool,
+    json_path: str | None,
+    report_path: str | None,
+    metric_regex: str | None,
+    python: str | None,
+    via: tuple[str, ...],
+    target_name: str | None,
+    print_command: bool,
+    config_path: str | None,
+    smoke_argv: tuple[str, ...],
+) -> int:
+    """Bisect the changes between GOOD and BAD down to the one that made training slow.
+
+    Each trial realizes an in-between state in a sandbox (uv venv, git worktree, journaled
+    file swap, per-trial env and compile caches), runs the smoke command (after --; default
+    the built-in drafter smoke test) and reads its tok/s. Exit 0 culprit found, 1 no single
+    culprit, 2 bad input, 130 interrupted (resume with --resume; clean up with reset).
+    """
+    from envbisect import report
+    from envbisect.config import Config
+    from envbisect.errors import UsageError
+    from envbisect.manifest import atomic_write_text
+    from envbisect.metric import MetricSpec, parse_ktoks
+    from envbisect.runner import RunOptions, SmokeCommand, run_bisect, validate_options
+
+    config = Config.load(Path(config_path) if config_path else None)
+    threshold = parse_ktoks(until) if until is not None else None
+    good_path = Path(good) if good else config.good
+    if good_path is None:
+        raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
+    transport, py = resolve_target(config, python, via, target_name)
+    smoke = SmokeCommand(
+        tuple(smoke_argv) or tuple(config.smoke or ()),
+        MetricSpec.parse(metric_regex) if metric_regex else None,
+    )
+    if print_command:
+        from envbisect.commands.common import composed_command
+
+        click.echo(
+            composed_command(transport, py)
+            if smoke.builtin
+            else transport.command_line(list(smoke.argv))
+        )
+        return 0
+    options = RunOptions(
+        good=good_path,
+        bad=Path(bad) if bad else None,
+        threshold=threshold,
+        smoke=smoke,
+        python=py,
+        transport=transport,
+        session_dir=Path(session_dir) if session_dir else config.root / ".envbisect" / "session",
+        resume=resume,
+        repeats=repeats,
+        max_samples=max(9, repeats),
+        max_trials=max_trials,
+        timeout_s=timeout_s,
+        on_crash=on_crash,
+        config=config,
+        cwd=Path.cwd(),
+    )
+    validate_options(options)
+    goal = (
+        report.start_line(threshold)
+        if threshold
+        else "good means faster than midway between the endpoints"
+    )
+    click.echo(
+        f"envbisect run: {goal}; smoke: {smoke.describe()}; session {options.session_dir}", err=True
+    )
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        result = run_bisect(options, lambda line: click.echo(line, err=True))
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    click.echo(report.render_text(result), nl=False)
+    if json_path == "-":
+        sys.stdout.write(report.render_json(result))
+    elif json_path:
+        atomic_write_text(Path(json_path), report.render_json(result))
+    if report_path:
+        atomic_write_text(Path(report_path), report.render_markdown(result))
+    return result.exit_code
