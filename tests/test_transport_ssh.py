@@ -13,6 +13,7 @@ import pytest
 from helpers_ssh import (
     CANARY,
     CANARY_DIR,
+    NOISY_LAYER,
     PRINT_ARGV,
     SshServer,
     argv_strategy,
@@ -192,3 +193,91 @@ def test_print_command_line_runs_through_ssh_when_pasted_into_bash(
     payload = find_frame(proc.stdout, bundle.nonce)
     assert payload is not None, proc.stderr[-2000:]
     assert payload["params"] == {"x": "$(y) 'z'"}
+
+
+# Fields that differ between two snapshots of one state by nature: when and where they were
+# taken, and caches that other processes on this machine may write in between.
+_VOLATILE_META = ("created", "elapsed_s", "agent_elapsed_s", "host", "target")
+_VOLATILE_CACHE = ("digest", "files", "bytes", "subdirs", "mtime", "newest_mtime")
+
+
+def _comparable(sections: dict[str, object]) -> dict[str, object]:
+    out = dict(sections)
+    meta = dict(out["meta"])  # type: ignore[call-overload]
+    for key in _VOLATILE_META:
+        meta.pop(key, None)
+    out["meta"] = meta
+    caches = {}
+    for name, facts in dict(out.get("caches") or {}).items():  # type: ignore[call-overload]
+        caches[name] = {k: v for k, v in facts.items() if k not in _VOLATILE_CACHE}
+    out["caches"] = caches
+    return out
+
+
+def test_snapshot_through_ssh_and_fake_pct_equals_a_local_snapshot(
+    sshd_server: SshServer,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from envbisect.collect import take_snapshot
+    from envbisect.config import Config
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "train.py").write_text("print('train')\n")
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True)
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+        check=True,
+    )
+    (repo / "train.py").write_text("print('patched')\n")  # dirty
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"i": {i}}}\n' for i in range(100)))
+    cache = tmp_path / "cache"
+    (cache / "sub").mkdir(parents=True)
+    (cache / "sub" / "kernel.bin").write_bytes(b"\0" * 1000)
+    config = Config.from_mapping(
+        {
+            "repos": [str(repo)],
+            "files": [str(repo / "*.py")],
+            "data": [str(data)],
+            "caches": {"mine": str(cache)},
+            "env": ["ENVBISECT_TRANSPORT_PROBE"],
+            "probes": ["json.dumps"],
+        },
+        tmp_path / "envbisect.yaml",
+    )
+    # The far side's recorded environment is what sshd gives a session; make the local one
+    # the same so that only transport-volatile fields may differ.
+    monkeypatch.setenv("PATH", target_path())
+    for name in list(os.environ):
+        if name in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH") or name.startswith(
+            ("NVIDIA_", "CUBLAS_", "CUDNN_", "NVSHMEM_")
+        ):
+            monkeypatch.delenv(name)
+    local = take_snapshot(config, Transport(), sys.executable, log_dir=tmp_path / "l")
+    remote_transport = Transport.from_specs([sshd_server.via, "pct exec 200 --"])
+    remote = take_snapshot(config, remote_transport, sys.executable, log_dir=tmp_path / "r")
+    assert remote.sections["meta"]["target"]["via"] == [
+        layer.describe() for layer in remote_transport.layers
+    ]
+    assert remote.sections["git"][str(repo)]["dirty"] is True
+    assert remote.sections["data"][str(data)]["records"] == 100
+    assert _comparable(remote.sections) == _comparable(local.sections)
+
+
+def test_snapshot_survives_a_10_mb_flood_before_the_agent(
+    sshd_server: SshServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from envbisect.collect import take_snapshot
+    from envbisect.config import Config
+
+    config = Config.from_mapping({}, tmp_path / "envbisect.yaml")
+    quiet = Transport.from_specs([sshd_server.via])
+    noisy = Transport.from_specs([sshd_server.via, f"{NOISY_LAYER} {10 * 1024 * 1024} --"])
+    a = take_snapshot(config, quiet, sys.executable, log_dir=tmp_path / "a")
+    b = take_snapshot(config, noisy, sys.executable, log_dir=tmp_path / "b", timeout_s=120)
+    assert _comparable(b.sections) == _comparable(a.sections)
+    assert (tmp_path / "b" / "snapshot.stdout").stat().st_size > 10 * 1024 * 1024
