@@ -40,11 +40,15 @@ def _envbisect_register(name, source):
 """
 
 _RUN = """\
-_ch = _envbisect_register("envbisect.agent.channel", _SOURCES.pop("envbisect.agent.channel"))
+_ch = _envbisect_register("envbisect.agent.channel", _SOURCES["envbisect.agent.channel"])
 _ch.open_channel(_NONCE, _DEADLINE)
-for _name in _ORDER:
-    _main = _envbisect_register(_name, _SOURCES[_name])
 try:
+    # Registering runs each module's top level: an import the target lacks must come back
+    # in the frame too, not as a traceback on stderr only.
+    for _name in _ORDER:
+        _main = _ch if _name == "envbisect.agent.channel" else _envbisect_register(
+            _name, _SOURCES[_name]
+        )
     _result = _main.main(_PARAMS)
 except BaseException as _exc:  # the caller must learn why, in the frame, not as lost text
     import traceback as _tb

@@ -37,7 +37,7 @@ def _write(data):
 def _watchdog(deadline_s):
     time.sleep(deadline_s)
     if not _state["done"]:
-        sys.stderr.write("envbisect agent: deadline of %.0fs reached, exiting\n" % deadline_s)
+        sys.stderr.write(f"envbisect agent: deadline of {deadline_s:.0f}s reached, exiting\n")
         sys.stderr.flush()
         os._exit(EXIT_DEADLINE)
 
