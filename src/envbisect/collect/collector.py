@@ -173,7 +173,6 @@ def collect_system(c):
         out["cpu_affinity"] = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         out["cpu_affinity"] = None
-    out["compiler"] = _compiler_version(c)
     meminfo = _read("/proc/meminfo", 1 << 14) or ""
     m = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo, re.M)
     out["mem_total_bytes"] = int(m.group(1)) * 1024 if m else None
@@ -835,6 +834,8 @@ def collect_probes(c):
 
 
 def main(params):
+    import threading
+
     start = time.monotonic()
     c = _Collector(params)
     sections = {}
@@ -847,21 +848,33 @@ def main(params):
             sections[name] = {}
             c.error(name, f"{type(exc).__name__}: {exc}")
 
+    # Sections that wait on external commands (nvidia-smi can take seconds) run beside the
+    # in-process ones; each command still has its own timeout.
+    background = [
+        threading.Thread(target=guarded, args=("gpu", collect_gpu), daemon=True),
+        threading.Thread(target=guarded, args=("git", collect_git), daemon=True),
+        threading.Thread(target=guarded, args=("compiler", _compiler_version), daemon=True),
+    ]
+    for thread in background:
+        thread.start()
     guarded("system", collect_system)
     guarded("python", collect_python)
     guarded("packages", collect_packages)
     guarded("torch", collect_torch, sections.get("packages") or {})
-    guarded("gpu", collect_gpu)
-    guarded("git", collect_git)
     guarded("files", collect_files, blobs)
     guarded("data", collect_data)
     guarded("caches", collect_caches)
     guarded("env", collect_env)
+    for thread in background:
+        thread.join()
+    compiler = sections.pop("compiler", None)
+    sections["system"]["compiler"] = compiler if isinstance(compiler, str) else None
+    sections["system"] = _sorted(sections["system"])
     if params.get("probes"):
         guarded("probes", collect_probes)
     return {
         "sections": sections,
-        "errors": c.errors,
+        "errors": sorted(c.errors, key=lambda e: (e["section"], e["error"])),
         "blobs": blobs,
         "host": os.uname().nodename,
         "elapsed_s": round(time.monotonic() - start, 4),
