@@ -383,13 +383,27 @@ class _Engine:
 
     def _judge(self) -> Judge:
         noise = self._noise()
-        assert self.threshold is not None
         se = 0.0
         if self.caller_threshold is None:
             good, bad = self.records[State.of(())], self.records[State.of(self.all)]
             if good.samples and bad.samples and not bad.failure:
-                se = default_threshold(good.samples, bad.samples, noise)[1]
+                self.threshold, se = default_threshold(*self._levels(good, bad), noise)
+        assert self.threshold is not None
         return Judge(self.threshold, noise, threshold_se=se)
+
+    def _levels(self, good: _Record, bad: _Record) -> tuple[list[float], list[float]]:
+        """Samples at the good and at the bad speed: the endpoints', and every state's since
+        judged good or bad. Pooling them refines the default threshold as the search goes:
+        three unlucky samples of an endpoint would otherwise skew every later verdict."""
+        fast, slow = list(good.samples), list(bad.samples)
+        for rec in self.order:
+            if rec is good or rec is bad or rec.failure:
+                continue
+            if rec.verdict is Verdict.GOOD:
+                fast.extend(rec.samples)
+            elif rec.verdict is Verdict.BAD:
+                slow.extend(rec.samples)
+        return fast, slow
 
     def _decide(self, rec: _Record) -> Verdict:
         if rec.failure:
@@ -424,6 +438,9 @@ class _Engine:
         """The verdict on ``state``, measuring it (once) if it is not cached."""
         cached = self.records.get(state)
         if cached is not None:
+            if cached.verdict is Verdict.UNRESOLVED and not cached.failure:
+                # The noise estimate has grown since: judge the same samples again.
+                cached.verdict = self._decide(cached)
             return cached.verdict
         rec = self._start(state, purpose, self.repeats)
         while not rec.failure and self._judge().needs_more(rec.samples, self.max_samples):
@@ -456,14 +473,18 @@ class _Engine:
         while True:
             self._set_threshold(good, bad)
             gv, bv = self._decide(good), self._decide(bad)
-            unsettled = [r for r, v in ((good, gv), (bad, bv)) if v is Verdict.UNRESOLVED]
-            growable = [r for r in unsettled if not r.failure and len(r.samples) < self.max_samples]
+            if self.caller_threshold is None:
+                # The default threshold moves with both medians: sample both until they are
+                # settled and the threshold's own uncertainty is small next to the gap, since
+                # every later verdict is measured against it.
+                growable = [good, bad] if self._threshold_loose(good, bad) else []
+            else:
+                growable = [r for r, v in ((good, gv), (bad, bv)) if v is Verdict.UNRESOLVED]
+            growable = [r for r in growable if not r.failure and len(r.samples) < self.max_samples]
             if not growable:
                 break
-            # The default threshold moves with both medians, so both get more samples.
-            for r in (good, bad) if self.caller_threshold is None else growable:
-                if not r.failure and len(r.samples) < self.max_samples:
-                    self._more(r)
+            for r in growable:
+                self._more(r)
         good.verdict, bad.verdict = gv, bv
         self._finish_endpoint(good)
         self._finish_endpoint(bad)
@@ -483,6 +504,17 @@ class _Engine:
                 f"(±{self._noise().sigma:.1%} per sample) after {len(good.samples)} samples"
             )
         return None
+
+    def _threshold_loose(self, good: _Record, bad: _Record) -> bool:
+        if bad.failure or not bad.samples:
+            return False
+        judge = self._judge()
+        gap = math.log(median(good.samples)) - math.log(max(median(bad.samples), 1e-9))
+        return (
+            judge.verdict(good.samples) is Verdict.UNRESOLVED
+            or judge.verdict(bad.samples) is Verdict.UNRESOLVED
+            or judge.z * judge.threshold_se > gap / 6
+        )
 
     def _decide_bad_endpoint(self, bad: _Record) -> Verdict:
         if bad.failure:
