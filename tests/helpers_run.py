@@ -38,7 +38,7 @@ if os.path.exists(knob):
         work *= int(fh.read().strip() or 1)
 if os.environ.get("EB_SLOW"):
     work *= int(os.environ["EB_SLOW"])
-tokens = int(os.environ.get("EB_TOKENS", "3000"))
+tokens = int(os.environ.get("EB_TOKENS", "8000"))
 acc = 0
 start = time.perf_counter()
 for t in range(tokens):
@@ -118,7 +118,8 @@ def freeze(venv: Path) -> str:
 def tree_hashes(root: Path) -> dict[str, str]:
     """relative path → sha256 of every file under ``root`` (symlinks by target)."""
     out: dict[str, str] = {}
-    for dirpath, _dirs, names in os.walk(root):
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
         for name in names:
             p = Path(dirpath) / name
             rel = str(p.relative_to(root))
@@ -190,3 +191,85 @@ def run_workload(python: str, script: Path, env: dict[str, str] | None = None) -
         if line.startswith("ENVBISECT_RESULT "):
             return float(json.loads(line.split(" ", 1)[1])["tok_per_s"])
     raise AssertionError(out)
+
+
+class Scenario:
+    """A user's world in ``tmp``: a target uv venv (bad state), a repo with the workload,
+    a loose file, good/bad manifests and an envbisect.yaml. Culprits are chosen per test.
+    """
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.wheels = tmp / "wheels"
+        build_wheel(self.wheels, "ebwork", "1.0", "WORK = 1\n")
+        build_wheel(self.wheels, "ebwork", "2.0", "WORK = 1  # same speed\n")
+        build_wheel(self.wheels, "ebwork", "3.0", f"WORK = {SLOWDOWN}\n")
+        build_wheel(self.wheels, "ebonly", "1.0", "X = 1\n")
+        self.index = tmp / "empty-index"
+        self.index.mkdir()
+        self.repo = init_repo(tmp / "repo")
+        (self.repo / "train.py").write_text(WORKLOAD)
+        (self.repo / "knob.txt").write_text("1\n")
+        self.commits = [commit_all(self.repo, "workload")]
+        self.loose = tmp / "etc" / "train.cfg"
+        self.loose.parent.mkdir()
+        self.mdir = tmp / "manifests"
+        self.config = tmp / "envbisect.yaml"
+        self.inductor = tmp / "inductor-cache"
+        (self.inductor / "fx").mkdir(parents=True)
+        (self.inductor / "fx" / "entry").write_text("compiled\n")
+
+    def commit(self, message: str, knob: str | None = None, readme: str | None = None) -> str:
+        if knob is not None:
+            (self.repo / "knob.txt").write_text(knob)
+        (self.repo / "README").write_text(readme or message)
+        self.commits.append(commit_all(self.repo, message))
+        return self.commits[-1]
+
+    def venv(self, *reqs: str) -> Path:
+        self.target = make_venv(self.tmp / "target", self.wheels, *reqs)
+        self.python = str(self.target / "bin" / "python")
+        return self.target
+
+    def write(
+        self,
+        *,
+        good: dict[str, Any],
+        bad: dict[str, Any],
+        loose_good: bytes,
+        loose_bad: bytes,
+    ) -> tuple[Path, Path]:
+        """Manifests; the loose file is left in its bad content (the user's current state)."""
+        self.loose.write_bytes(loose_bad)
+        g_files = {str(self.loose): store_blob(self.mdir, loose_good)}
+        b_files = {str(self.loose): store_blob(self.mdir, loose_bad)}
+        caches = {"inductor": {"path": str(self.inductor), "exists": True, "files": 1, "bytes": 9}}
+        self.good = manifest(self.mdir / "good.yaml", files=g_files, caches=caches, **good)
+        self.bad = manifest(self.mdir / "bad.yaml", files=b_files, caches=caches, **bad)
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "good": str(self.good),
+                    "repos": [str(self.repo)],
+                    "index_url": self.index.as_uri(),
+                    "find_links": [str(self.wheels)],
+                }
+            )
+        )
+        return self.good, self.bad
+
+    def git_entry(self, sha: str) -> dict[str, Any]:
+        return {str(self.repo): {"head": sha, "branch": "main", "dirty": False, "untracked": 0}}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything the guarantee covers: repo status + files, loose file, venv, caches."""
+        return {
+            "git_status": git(self.repo, "status", "--porcelain", "--untracked-files=all"),
+            "git_head": git(self.repo, "rev-parse", "HEAD"),
+            "worktrees": git(self.repo, "worktree", "list", "--porcelain"),
+            "repo": tree_hashes(self.repo),
+            "loose": hashlib.sha256(self.loose.read_bytes()).hexdigest(),
+            "freeze": freeze(self.target),
+            "venv": tree_hashes(self.target),
+            "cache": tree_hashes(self.inductor),
+        }

@@ -26,7 +26,7 @@ from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.bisect.actuate import Actuator, Realized
 from envbisect.bisect.session import Session, TrialRecord, state_key
-from envbisect.errors import Interrupted, UsageError
+from envbisect.errors import Interrupted, TransportError, UsageError
 from envbisect.metric import RESULT_ENV, Measurement, MetricSpec, format_ktok, measure
 from envbisect.transport import Transport
 
@@ -100,14 +100,18 @@ def run_once(
         argv = list(argv_map(smoke.argv) if argv_map else smoke.argv)
         if transport.layers:
             argv = _remote_wrap(argv, run_env, cwd)
-        res = transport.run(
-            argv,
-            timeout_s=timeout_s,
-            log_dir=log_dir,
-            env=_for_transport(transport, run_env),
-            cwd=cwd if not transport.layers else None,
-            name=name,
-        )
+        try:
+            res = transport.run(
+                argv,
+                timeout_s=timeout_s,
+                log_dir=log_dir,
+                env=_for_transport(transport, run_env),
+                cwd=cwd if not transport.layers else None,
+                name=name,
+            )
+        except TransportError as exc:
+            # e.g. the state's PATH has no such program: this state cannot run the command.
+            return Measurement(None, f"crash: {exc}", None)
         frame = None
     return measure(
         stdout=res.stdout(),
@@ -396,7 +400,7 @@ def load_states(
 
 def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     """The whole of ``envbisect run``: endpoints, search, culprit; the machine left as it was."""
-    from envbisect.bisect import search as engine
+    from envbisect.bisect.search import search
     from envbisect.diff import diff_manifests
 
     root = options.session_dir
@@ -444,7 +448,9 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             progress(f"note: {note}")
         ordered = actuator.ordered()
         tester = _TrialRunner(options, session, actuator, progress)
-        result = engine.search(
+        if not units:
+            return _nothing_to_bisect(diff, blocked, notes, session, options, bad_path, actuator)
+        result = search(
             units,
             tester,
             threshold=options.threshold,
@@ -484,6 +490,35 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     return out
 
 
+def _nothing_to_bisect(
+    diff: Any,
+    blocked: Mapping[str, str],
+    notes: tuple[str, ...],
+    session: Session,
+    options: RunOptions,
+    bad_path: Path,
+    actuator: Actuator,
+) -> RunResult:
+    why = "the manifests are identical" if not diff.units else "no change can be realized"
+    session.append({"type": "end", "outcome": "not-reproduced", "culprits": [], "message": why})
+    actuator.close()
+    session.unlock()
+    return RunResult(
+        outcome="not-reproduced",
+        threshold=options.threshold,
+        culprits=(),
+        trials=(),
+        diff=diff,
+        blocked=dict(blocked),
+        notes=notes,
+        session=session.root,
+        message=f"nothing to bisect: {why}",
+        good_path=options.good,
+        bad_path=bad_path,
+        smoke=options.smoke,
+    )
+
+
 def _event_text(event: Any) -> str:
     left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
     return f"{event.message}{left}"
@@ -508,13 +543,17 @@ def _result(
             commit = None
             n = narrowed.get(unit_id)
             if n is not None and n.first_bad is not None:
-                commit = n.items[n.first_bad]
+                commit = n.items[0]  # items holds the commits at the candidate positions
+            elif n is not None:
+                shown = ", ".join(i[:12] for i in n.items)
+                notes = (*notes, f"{unit_id}: the first bad commit is one of {shown}")
+            evidence = n.evidence if n is not None and n.evidence is not None else c.alone
             culprits.append(
                 Culprit(
                     units[unit_id],
                     commit,
-                    good_median=c.alone.good.median,
-                    bad_median=c.alone.bad.median,
+                    good_median=evidence.good.median,
+                    bad_median=evidence.bad.median,
                     together_with=tuple(u for u in c.units if u != unit_id),
                 )
             )
@@ -558,9 +597,22 @@ def _result(
 
 def validate_options(options: RunOptions) -> None:
     """Bad combinations → UsageError (before anything runs)."""
+    argv = options.smoke.argv
+    if argv and not options.transport.layers and not _findable(argv[0], options):
+        raise UsageError(f"smoke command {argv[0]!r}: no such program (on PATH or as a file)")
     if options.repeats < 1:
         raise UsageError("--repeats must be at least 1")
     if options.on_crash not in ("bad", "skip"):
         raise UsageError("--on-crash must be 'bad' or 'skip'")
     if options.timeout_s <= 0:
         raise UsageError("--timeout must be positive")
+
+
+def _findable(program: str, options: RunOptions) -> bool:
+    if os.sep in program:
+        base = options.cwd or Path.cwd()
+        return (base / program).exists()
+    path = os.environ.get("PATH", "")
+    if os.path.isabs(options.python):
+        path = str(Path(options.python).parent) + os.pathsep + path
+    return shutil.which(program, path=path) is not None

@@ -374,6 +374,9 @@ class Actuator:
                 return Realized(python=python, env=env, failure=failure)
             if venv is not None:
                 python = str(venv / "bin" / "python")
+                # The link farm points into the target environment: never write bytecode
+                # through it (existing .pyc files are still read).
+                env["PYTHONDONTWRITEBYTECODE"] = "1"
         if venv is not None or os.path.isabs(self.python):
             bindir = str(Path(python).parent)
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
@@ -537,7 +540,8 @@ class Actuator:
         if res.returncode != 0:
             return None, f"build: uv venv failed: {_last_line(res.stderr_path)}"
         if installs:
-            argv = [uv, "pip", "install", "--no-deps", "--python", str(venv / "bin" / "python")]
+            argv = [uv, "pip", "install", "--no-deps", "--compile-bytecode"]
+            argv += ["--python", str(venv / "bin" / "python")]
             if self.index_url:
                 argv += ["--index-url", self.index_url]
             for url in self.extra_index_urls:
