@@ -595,9 +595,12 @@ class _Engine:
             passing, failing = self.dd(core, core | pool, "isolate")
             delta = failing - passing
             if len(delta) != 1:
+                # Proven: `failing` is slow and contains a whole cause; one of `delta` is part
+                # of it, the rest of it (an interaction) may be among the others.
                 raise _Ambiguous(
-                    delta | core,
-                    f"every split of {len(delta)} candidate units was unresolved",
+                    failing,
+                    f"one of {', '.join(self._sorted(delta))} makes it slow, but every split "
+                    "between them was unresolved",
                 )
             core = core | delta
             rest = passing - core

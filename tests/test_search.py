@@ -1,0 +1,444 @@
+"""The bisection engine against an oracle: culprits, interactions, noise, failures, budget."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+from helpers_oracle import Oracle, make_oracle, unit_names
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envbisect.bisect import (
+    Event,
+    EventKind,
+    Outcome,
+    SearchOutcome,
+    SearchResult,
+    State,
+    Verdict,
+    search,
+)
+
+
+def log2c(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+def culprit_sets(result: SearchResult) -> set[frozenset[str]]:
+    return {frozenset(c.units) for c in result.culprits}
+
+
+class Recording:
+    """Wraps a test function and records every call."""
+
+    def __init__(self, inner: Oracle) -> None:
+        self.inner = inner
+        self.calls: list[tuple[State, int]] = []
+
+    def __call__(self, state: State, n: int) -> Outcome:
+        self.calls.append((state, n))
+        return self.inner(state, n)
+
+
+# -- the state model ----------------------------------------------------------------------------
+
+
+def test_state_is_canonical_and_hashable() -> None:
+    a = State.of(["b", "a"], {"b": 2, "a": 1})
+    b = State.of(("a", "b"), {"a": 1, "b": 2})
+    assert a == b and hash(a) == hash(b)
+    assert a.position("a") == 1 and a.position("c") is None
+    assert a.as_dict() == {"applied": ["a", "b"], "positions": {"a": 1, "b": 2}}
+    with pytest.raises(ValueError, match="not applied"):
+        State.of(["a"], {"b": 1})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"units": []}, "no units"),
+        ({"units": ["a", "a"]}, "unique"),
+        ({"threshold": 0.0}, "positive"),
+        ({"threshold": float("nan")}, "positive"),
+        ({"repeats": 0}, "repeats"),
+        ({"max_samples": 2}, "max_samples"),
+        ({"max_trials": 1}, "endpoints"),
+        ({"on_failure": "ignore"}, "on_failure"),
+        ({"ordered": {"zz": ["c1"]}}, "not among"),
+        ({"ordered": {"a": []}}, "no items"),
+    ],
+)
+def test_argument_mistakes_are_refused(kwargs: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {"units": ["a", "b"]}
+    args.update(kwargs)
+    units = args.pop("units")
+    with pytest.raises(ValueError, match=match):
+        search(units, make_oracle(2), **args)  # type: ignore[arg-type]
+
+
+# -- single culprit -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("position", range(8))
+def test_single_culprit_found_with_evidence_at_every_position(position: int) -> None:
+    units = unit_names(8)
+    oracle = Oracle(units=units, causes=(frozenset({units[position]}),))
+    result = search(units, oracle)
+    assert result.outcome is SearchOutcome.FOUND
+    assert result.message.startswith(f"culprit: {units[position]}")
+    (culprit,) = result.culprits
+    assert culprit.units == (units[position],)
+    assert culprit.alone.good.state == State.of(())
+    assert culprit.alone.bad.state == State.of([units[position]])
+    assert culprit.alone.bad.verdict is Verdict.BAD
+    assert culprit.alone.ratio == pytest.approx(3.0)
+    assert culprit.without is not None
+    assert culprit.without.good.state == State.of(set(units) - {units[position]})
+    assert result.restored is not None and result.restored.bad.state == State.of(units)
+    # Endpoints + binary splitting + at most two confirmations.
+    assert len(result.trials) <= log2c(8) + 4
+    assert result.threshold == pytest.approx(math.sqrt(12_800 * 12_800 / 3))
+
+
+def test_every_state_is_measured_once_and_endpoints_get_three_samples() -> None:
+    oracle = Recording(make_oracle(32, seed=5, cv=0.05, drop=1.3))
+    result = search(oracle.inner.units, oracle, repeats=1)
+    assert result.outcome is SearchOutcome.FOUND
+    assert len({t.state for t in result.trials}) == len(result.trials)
+    firsts = Counter(state for state, _ in oracle.calls)
+    # A state is called again only to add samples to the same trial.
+    for trial in result.trials:
+        assert sum(n for s, n in oracle.calls if s == trial.state) == len(trial.samples)
+    assert set(firsts) == {t.state for t in result.trials}
+    endpoints = [t for t in result.trials if t.purpose.startswith("endpoint")]
+    assert len(endpoints) == 2 and all(len(t.samples) >= 3 for t in endpoints)
+    assert result.trials[0].state == State.of(())
+    assert result.trials[1].state == State.of(oracle.inner.units)
+    assert result.samples == sum(len(t.samples) for t in result.trials)
+
+
+def test_a_single_unit_needs_only_the_endpoints() -> None:
+    oracle = make_oracle(1)
+    result = search(oracle.units, oracle)
+    assert result.outcome is SearchOutcome.FOUND
+    assert culprit_sets(result) == set(oracle.causes)
+    assert len(result.trials) == 2
+
+
+# -- not reproduced -----------------------------------------------------------------------------
+
+
+def test_full_set_fast_is_not_reproduced() -> None:
+    units = unit_names(6)
+    result = search(units, Oracle(units=units, causes=()), threshold=8000.0)
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert "does not reproduce" in result.message
+    assert len(result.trials) == 2 and not result.culprits
+
+
+def test_good_state_slow_is_not_reproduced_and_points_outside() -> None:
+    oracle = make_oracle(6, seed=1)
+    result = search(oracle.units, oracle, threshold=20_000.0)
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert "the good state is slow here too" in result.message
+    assert "non-bisectable" in result.message
+
+
+def test_indistinguishable_endpoints_are_not_reproduced() -> None:
+    # A 2% "drop" under 10% noise cannot be told from noise, however many samples.
+    oracle = make_oracle(8, seed=2, cv=0.10, drop=1.02)
+    result = search(oracle.units, oracle)
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert "does not reproduce clearly" in result.message
+    assert all(len(t.samples) == 9 for t in result.trials)
+
+
+def test_good_state_failing_is_not_reproduced() -> None:
+    units = unit_names(4)
+
+    def broken(state: State, n: int) -> Outcome:
+        return Outcome(failure="crash: CUDA error: no kernel image")
+
+    result = search(units, broken)
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert "the good state fails here too (crash: CUDA error" in result.message
+
+
+def test_caller_threshold_is_used_as_given() -> None:
+    oracle = make_oracle(16, seed=3)
+    result = search(oracle.units, oracle, threshold=12_000.0)
+    assert result.threshold == 12_000.0
+    assert result.outcome is SearchOutcome.FOUND
+    assert culprit_sets(result) == set(oracle.causes)
+
+
+# -- interactions and several culprits ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_interaction_reports_both_units_each_needed(seed: int) -> None:
+    oracle = make_oracle(16, "interaction", seed)
+    result = search(oracle.units, oracle)
+    assert result.outcome is SearchOutcome.FOUND
+    (culprit,) = result.culprits
+    assert frozenset(culprit.units) == oracle.causes[0]
+    for unit in culprit.units:
+        assert not oracle.is_slow(State.of([unit]))
+    assert culprit.without is not None
+    assert len(result.trials) <= 2 * log2c(16) + 5
+
+
+def test_independent_culprits_need_find_all() -> None:
+    oracle = make_oracle(16, "independent", seed=4)
+    first = search(oracle.units, oracle)
+    assert first.outcome is SearchOutcome.FOUND
+    (culprit,) = first.culprits
+    assert frozenset(culprit.units) in oracle.causes
+    assert culprit.without is None and first.restored is None
+    assert "find_all" in first.message
+
+    every = search(oracle.units, make_oracle(16, "independent", seed=4), find_all=True)
+    assert every.outcome is SearchOutcome.FOUND
+    assert culprit_sets(every) == set(every_cause for every_cause in oracle.causes)
+    assert every.restored is not None
+    assert every.restored.good.state == State.of(set(oracle.units) - set().union(*oracle.causes))
+    assert every.message.startswith("culprits: ")
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+def test_a_crash_counts_as_bad_by_default() -> None:
+    units = unit_names(8)
+
+    def crashes_with_u05(state: State, n: int) -> Outcome:
+        if "u05" in state.applied:
+            return Outcome(failure="crash: illegal memory access")
+        return Outcome(samples=(12_000.0,) * n)
+
+    result = search(units, crashes_with_u05)
+    assert result.outcome is SearchOutcome.FOUND
+    (culprit,) = result.culprits
+    assert culprit.units == ("u05",)
+    assert culprit.alone.bad.failure == "crash: illegal memory access"
+    assert culprit.alone.ratio is None
+    assert result.threshold == pytest.approx(6_000.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_unbuildable_states_are_skipped_never_blamed(seed: int) -> None:
+    oracle = make_oracle(16, "unbuildable", seed, unbuildable=0.25)
+    result = search(oracle.units, oracle, on_failure="skip")
+    assert result.outcome in (SearchOutcome.FOUND, SearchOutcome.AMBIGUOUS)
+    if result.outcome is SearchOutcome.FOUND:
+        assert culprit_sets(result) == set(oracle.causes)
+    else:
+        assert oracle.causes[0] <= set(result.candidates)
+        assert len(result.candidates) < 16 or "unresolved" in result.message
+
+
+def test_every_split_unbuildable_is_ambiguous_with_the_candidates() -> None:
+    units = unit_names(4)
+
+    def only_endpoints_build(state: State, n: int) -> Outcome:
+        if state.applied in (frozenset(), frozenset(units)):
+            speed = 4_000.0 if state.applied else 12_000.0
+            return Outcome(samples=(speed,) * n)
+        return Outcome(failure="build: resolution impossible")
+
+    result = search(units, only_endpoints_build, on_failure="skip")
+    assert result.outcome is SearchOutcome.AMBIGUOUS
+    assert result.candidates == units
+    assert "cannot be isolated" in result.message
+
+
+# -- budget, interruption, replay -----------------------------------------------------------------
+
+
+def test_budget_aborts_with_what_is_known() -> None:
+    oracle = make_oracle(64, seed=9)
+    result = search(oracle.units, oracle, max_trials=5)
+    assert result.outcome is SearchOutcome.ABORTED
+    assert len(result.trials) == 5 and not result.interrupted
+    assert "budget of 5 trials" in result.message
+    # Three splits of 64: the culprit is among the 8 left.
+    assert oracle.causes[0] <= set(result.candidates)
+    assert len(result.candidates) == 8
+
+
+def test_interrupt_aborts_and_keeps_the_trials() -> None:
+    oracle = make_oracle(16, seed=2)
+    calls = 0
+
+    def impatient(state: State, n: int) -> Outcome:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise KeyboardInterrupt
+        return oracle(state, n)
+
+    result = search(oracle.units, impatient)
+    assert result.outcome is SearchOutcome.ABORTED and result.interrupted
+    assert "interrupted" in result.message
+    assert len(result.trials) == 4  # the fourth started, without samples
+    assert result.trials[-1].samples == ()
+
+
+def test_replay_resumes_without_measuring_again() -> None:
+    first = make_oracle(32, seed=11, cv=0.05)
+    done = search(first.units, first)
+    replay = {t.state: Outcome(samples=t.samples) for t in done.trials}
+
+    def must_not_run(state: State, n: int) -> Outcome:
+        raise AssertionError(f"measured {state} again")
+
+    again = search(first.units, must_not_run, replay=replay)
+    assert again.outcome is SearchOutcome.FOUND
+    assert culprit_sets(again) == culprit_sets(done)
+    assert [t.state for t in again.trials] == [t.state for t in done.trials]
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+def test_progress_reports_every_trial_and_a_shrinking_estimate() -> None:
+    events: list[Event] = []
+    oracle = make_oracle(32, seed=6)
+    result = search(oracle.units, oracle, progress=events.append)
+    started = [e for e in events if e.kind is EventKind.TRIAL_STARTED]
+    finished = [e for e in events if e.kind is EventKind.TRIAL_FINISHED]
+    assert len(started) == len(finished) == len(result.trials)
+    assert [e.trial.verdict for e in finished if e.trial] == [t.verdict for t in result.trials]
+    assert all(e.state == e.trial.state for e in started if e.trial)
+    assert any(e.kind is EventKind.PHASE for e in events)
+    lefts = [e.trials_left for e in finished[2:] if e.trials_left is not None]
+    assert lefts and lefts[0] >= log2c(32) and lefts[-1] <= 2
+    assert all(n >= 0 for n in lefts)
+
+
+# -- ordered units (git commits) ----------------------------------------------------------------
+
+
+def commits(n: int) -> list[str]:
+    return [f"{i:02x}" * 20 for i in range(n)]
+
+
+def test_guilty_ordered_unit_is_bisected_to_its_first_bad_commit() -> None:
+    units = unit_names(8)
+    items = commits(10)
+    oracle = Oracle(units=units, causes=(frozenset({"u03"}),), first_bad={"u03": 6})
+    result = search(units, oracle, ordered={"u03": items, "u05": commits(4)})
+    assert result.outcome is SearchOutcome.FOUND
+    (culprit,) = result.culprits
+    (narrowed,) = culprit.narrowed
+    assert narrowed.unit == "u03" and narrowed.first_bad == 6
+    assert narrowed.items == (items[6],)
+    assert narrowed.evidence is not None
+    assert narrowed.evidence.good.state == State.of(["u03"], {"u03": 5})
+    assert narrowed.evidence.bad.state == State.of(["u03"], {"u03": 6})
+    commit_trials = [t for t in result.trials if t.purpose.startswith("narrow")]
+    assert len(commit_trials) <= log2c(len(items))
+
+
+def test_skipped_commits_leave_a_range_like_git_bisect_skip() -> None:
+    units = unit_names(4)
+    items = commits(12)
+    inner = Oracle(units=units, causes=(frozenset({"u01"}),), first_bad={"u01": 6})
+
+    def unbuildable_5_and_6(state: State, n: int) -> Outcome:
+        if state.position("u01") in (5, 6):
+            return Outcome(failure="build: syntax error")
+        return inner(state, n)
+
+    result = search(units, unbuildable_5_and_6, ordered={"u01": items}, on_failure="skip")
+    (narrowed,) = result.culprits[0].narrowed
+    assert narrowed.first_bad is None
+    assert narrowed.candidates == (5, 6, 7)
+    assert narrowed.items == tuple(items[5:8])
+
+
+def test_commit_at_the_end_of_the_list_is_the_bad_head() -> None:
+    units = unit_names(2)
+    oracle = Oracle(units=units, causes=(frozenset({"u00"}),), first_bad={"u00": 4})
+    result = search(units, oracle, ordered={"u00": commits(5)})
+    (narrowed,) = result.culprits[0].narrowed
+    assert narrowed.first_bad == 4
+    assert narrowed.evidence is not None
+    assert narrowed.evidence.bad.state == State.of(["u00"])  # fully applied: no position
+
+
+# -- noise --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cv", "drop"), [(0.10, 3.0), (0.05, 1.3)])
+def test_noise_never_yields_a_wrong_culprit(cv: float, drop: float) -> None:
+    found = 0
+    for seed in range(25):
+        oracle = make_oracle(16, seed=seed, cv=cv, drop=drop)
+        result = search(oracle.units, oracle)
+        if result.outcome is SearchOutcome.FOUND:
+            found += 1
+            assert culprit_sets(result) == set(oracle.causes)
+        else:
+            assert result.outcome is SearchOutcome.AMBIGUOUS
+            assert oracle.causes[0] <= set(result.candidates)
+    assert found >= 23
+
+
+def test_result_serialises_to_json() -> None:
+    oracle = make_oracle(8, seed=1)
+    result = search(oracle.units, oracle, ordered={oracle.units[0]: commits(3)})
+    data = json.loads(json.dumps(result.as_dict()))
+    assert data["outcome"] == "found"
+    assert data["culprits"][0]["units"] == sorted(oracle.causes[0])
+    assert len(data["trials"]) == len(result.trials)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+
+scenario_st = st.sampled_from(["single", "interaction", "independent"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 40), scenario=scenario_st, seed=st.integers(0, 10_000))
+def test_property_noise_free_culprits_reproduce_within_bounds(
+    n: int, scenario: str, seed: int
+) -> None:
+    oracle = make_oracle(n, scenario, seed)
+    result = search(oracle.units, oracle, find_all=scenario == "independent")
+    assert result.outcome is SearchOutcome.FOUND
+    assert culprit_sets(result) == set(oracle.causes)
+    for culprit in result.culprits:
+        assert oracle.is_slow(State.of(culprit.units))  # reproduces the drop
+        for unit in culprit.units:  # and every unit of it is needed
+            assert not oracle.is_slow(State.of(set(culprit.units) - {unit}))
+    bound = {
+        "single": log2c(n) + 4,
+        "interaction": 2 * log2c(n) + 5,
+        "independent": 2 * log2c(n) + 7,
+    }[scenario]
+    assert len(result.trials) <= bound
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(2, 32),
+    scenario=scenario_st,
+    seed=st.integers(0, 10_000),
+    unbuildable=st.sampled_from([0.1, 0.3]),
+)
+def test_property_unbuildable_states_never_produce_a_wrong_culprit(
+    n: int, scenario: str, seed: int, unbuildable: float
+) -> None:
+    oracle = make_oracle(n, scenario, seed, unbuildable=unbuildable)
+    result = search(oracle.units, oracle, on_failure="skip", find_all=True)
+    assert result.outcome in (SearchOutcome.FOUND, SearchOutcome.AMBIGUOUS)
+    for culprit in result.culprits:
+        assert frozenset(culprit.units) in oracle.causes
+        assert oracle.is_slow(State.of(culprit.units))
+    if result.outcome is SearchOutcome.AMBIGUOUS:
+        assert any(cause <= set(result.candidates) for cause in oracle.causes)
