@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers_ssh import (
     CANARY,
     CANARY_DIR,
@@ -437,3 +438,52 @@ def test_print_command_output_pasted_into_a_shell_runs_the_agent(
     payload = find_frame(proc.stdout, bundle.nonce)
     assert payload is not None, proc.stderr[-2000:]
     assert payload["params"] == {"k": "$(v)"}
+
+
+# ---- the verbs: --via / --target / --print-command as a user types them -------------------
+
+
+def _envbisect(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "envbisect", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "PATH": target_path(), **(env or {})},
+        timeout=120,
+    )
+
+
+def test_a_wrong_via_is_one_error_line_and_exit_2(tmp_path: Path) -> None:
+    proc = _envbisect(["snapshot", "--via", "ssh -t root@10.1.2.6"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("envbisect: error: --via 'ssh -t root@10.1.2.6': ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    both = _envbisect(["snapshot", "--via", "sh -c", "--target", "box"], tmp_path)
+    assert both.returncode == 2 and "mutually exclusive" in both.stderr
+
+
+def test_print_command_and_a_named_target_from_envbisect_yaml(tmp_path: Path) -> None:
+    (tmp_path / "envbisect.yaml").write_text(
+        "targets:\n"
+        "  box:\n"
+        "    via: ['sh -c', 'pct exec 200', \"env A='x y'\"]\n"
+        f"    python: {sys.executable}\n"
+    )
+    printed = _envbisect(["snapshot", "--target", "box", "--print-command"], tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    expected = Transport.from_specs(["sh -c", "pct exec 200", "env A='x y'"]).command_line(
+        [sys.executable, "-"]
+    )
+    assert printed.stdout == expected + "\n"
+    missing = _envbisect(["snapshot", "--target", "nope"], tmp_path)
+    assert missing.returncode == 2
+    assert str(tmp_path / "envbisect.yaml") in missing.stderr and "'nope'" in missing.stderr
+    snap = _envbisect(["snapshot", "--target", "box", "-o", "-"], tmp_path)
+    assert snap.returncode == 0, snap.stderr
+    manifest = yaml.safe_load(snap.stdout)
+    assert manifest["meta"]["target"]["via"][1] == "pct exec 200 --"
+    assert manifest["python"]["executable"] == sys.executable
