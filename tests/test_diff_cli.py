@@ -147,3 +147,19 @@ def test_print_command_with_one_manifest(capsys: pytest.CaptureFixture[str]) -> 
         ["diff", SEED_GOOD, "--python", "/opt/py 3/bin/python", "--print-command"], capsys
     )
     assert code == 0 and out.strip() == "'/opt/py 3/bin/python' -"
+
+
+def test_json_encoded_manifests_diff_like_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON is YAML: manifest.load takes a JSON-encoded manifest on its fast path."""
+    paths = []
+    for name in ("good", "bad"):
+        data = yaml.safe_load((FIX / "seed" / f"{name}.yaml").read_text())
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        paths.append(str(path))
+    code, out, _ = run(["diff", *paths, "--format", "json"], capsys)
+    from_yaml = json.loads(run(["diff", SEED_GOOD, SEED_BAD, "--format", "json"], capsys)[1])
+    assert code == 1
+    assert json.loads(out)["units"] == from_yaml["units"]
