@@ -595,12 +595,12 @@ class _Engine:
             passing, failing = self.dd(core, core | pool, "isolate")
             delta = failing - passing
             if len(delta) != 1:
-                # Proven: `failing` is slow and contains a whole cause; one of `delta` is part
-                # of it, the rest of it (an interaction) may be among the others.
+                # `failing` is proven slow and holds a whole cause; one of `delta` is part of
+                # it, the rest of it (an interaction) may be among the others: shrink those.
                 raise _Ambiguous(
-                    failing,
-                    f"one of {', '.join(self._sorted(delta))} makes it slow, but every split "
-                    "between them was unresolved",
+                    self._shrink(core | delta, failing),
+                    f"one of {self._names(delta)} makes it slow, but every state between "
+                    "them was unresolved",
                 )
             core = core | delta
             rest = passing - core
@@ -611,10 +611,15 @@ class _Engine:
             if v is Verdict.BAD:
                 return core
             if v is Verdict.UNRESOLVED:
-                raise _Ambiguous(
-                    core | rest,
-                    f"{', '.join(self._sorted(core))} alone on top of good is unresolved",
+                rec = self.records[State.of(core)]
+                why = f"failed: {rec.failure}" if rec.failure else "is within the noise"
+                found = self._shrink(core, failing)
+                return_why = (
+                    f"{self._names(core)} makes it slow, but {self._names(core)} alone {why}"
                 )
+                if found != core:
+                    return_why += f"; it is slow together with {self._names(found - core)}"
+                raise _Ambiguous(found, return_why)
             # Good alone: the rest of the cause is inside the last good state; isolate it
             # with the core applied.
             pool = rest
@@ -622,6 +627,21 @@ class _Engine:
                 EventKind.PHASE,
                 f"{', '.join(self._sorted(core))} alone is fast: looking for what it needs",
             )
+
+    def _names(self, units: Iterable[str]) -> str:
+        return ", ".join(self._sorted(units))
+
+    def _shrink(self, keep: frozenset[str], bad: frozenset[str]) -> frozenset[str]:
+        """A small measured-bad state between ``keep`` and ``bad`` (which is measured bad).
+
+        Used when ``keep`` alone cannot be judged: dd from (keep, bad) treats ``keep`` as the
+        good side without proof, but only ever returns a state measured bad, so the result
+        still holds a whole cause; it just names far fewer bystanders than ``bad``.
+        """
+        if keep == bad:
+            return bad
+        self._emit(EventKind.PHASE, f"narrowing what {self._names(keep)} is slow with")
+        return self.dd(keep, bad, "isolate: context")[1]
 
     # -- ordered units ---------------------------------------------------------------------
 
