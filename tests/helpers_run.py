@@ -85,24 +85,30 @@ def make_venv(path: Path, wheels: Path, *reqs: str) -> Path:
     """A real uv venv at ``path`` with ``reqs`` installed from ``wheels`` only."""
     subprocess.run([uv(), "venv", "-q", "--python", sys.executable, str(path)], check=True)
     if reqs:
-        subprocess.run(
-            [
-                uv(),
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--offline",
-                "--no-index",
-                "--find-links",
-                str(wheels),
-                "--python",
-                str(path / "bin" / "python"),
-                *reqs,
-            ],
-            check=True,
-        )
+        install(path, wheels, *reqs)
     return path
+
+
+def install(venv: Path, wheels: Path, *reqs: str) -> None:
+    """``uv pip install`` into ``venv`` from ``wheels``, offline, with bytecode (like pip)."""
+    subprocess.run(
+        [
+            uv(),
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--offline",
+            "--no-index",
+            "--compile-bytecode",
+            "--find-links",
+            str(wheels),
+            "--python",
+            str(venv / "bin" / "python"),
+            *reqs,
+        ],
+        check=True,
+    )
 
 
 def freeze(venv: Path) -> str:

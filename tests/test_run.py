@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from envbisect.bisect.session import Session
@@ -83,15 +84,47 @@ def test_env_var_culprit_among_packages_and_files(tmp_path: Path) -> None:
     assert session.finished() and not (session.root / "worktrees").exists()
 
 
-def test_package_version_culprit_with_a_fresh_snapshot_as_bad(tmp_path: Path) -> None:
+def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path: Path) -> None:
+    """Both sides are real snapshots; the user then upgraded a package and touched a file."""
+    from envbisect import manifest as mf
+    from envbisect.collect import take_snapshot
+    from envbisect.config import Config
+    from envbisect.transport import Transport
+    from tests.helpers_run import install
+
     sc = Scenario(tmp_path)
-    sc.venv("ebwork==3.0")
-    sc.write(
-        good={"packages": {"ebwork": pkg("1.0")}},
-        bad={"packages": {"ebwork": pkg("3.0")}},
-        loose_good=b"x\n",
-        loose_bad=b"x\n",
+    sc.venv("ebwork==1.0", "ebonly==1.0")
+    sc.loose.write_bytes(b"lr = 0.1\n")
+    sc.config.write_text(
+        yaml.safe_dump(
+            {
+                "repos": [str(sc.repo)],
+                "files": [str(sc.loose)],
+                "keep_blobs": True,
+                "manifests_dir": str(sc.mdir),
+                "good": str(sc.mdir / "good.yaml"),
+                "index_url": sc.index.as_uri(),
+                "find_links": [str(sc.wheels)],
+            }
+        )
     )
+    config = Config.load(sc.config)
+    mf.save(take_snapshot(config, Transport(), sc.python, label="good"), sc.mdir / "good.yaml")
+    # What the user did since: upgrade ebwork (slow), remove ebonly, edit the loose file.
+    install(sc.target, sc.wheels, "ebwork==3.0")
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "uv"),
+            "pip",
+            "uninstall",
+            "-q",
+            "--python",
+            sc.python,
+            "ebonly",
+        ],
+        check=True,
+    )
+    sc.loose.write_bytes(b"lr = 0.2\n")
     before = sc.fingerprint()
     out = tmp_path / "r.json"
     res = CliRunner().invoke(
@@ -102,10 +135,6 @@ def test_package_version_culprit_with_a_fresh_snapshot_as_bad(tmp_path: Path) ->
             str(sc.config),
             "--python",
             sc.python,
-            "--good",
-            str(sc.good),
-            "--bad",
-            str(sc.bad),
             "--session",
             str(tmp_path / "s"),
             "--json",
@@ -121,6 +150,7 @@ def test_package_version_culprit_with_a_fresh_snapshot_as_bad(tmp_path: Path) ->
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
     assert doc["culprits"][0]["changes"] == [{"key": "ebwork", "old": "1.0", "new": "3.0"}]
+    assert len(doc["trials"]) <= _max_trials(3)  # ebwork, ebonly, the loose file
     assert sc.fingerprint() == before
 
 
@@ -138,10 +168,176 @@ def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None
         loose_bad=b"b\n",
     )
     before = sc.fingerprint()
-    res, doc = _run_cli(sc, "--repeats", "3", smoke=("python", "train.py"))
+    from tests.helpers_run import SLOWDOWN, run_workload
+
+    git_dir = sc.tmp / "probe"
+    git_dir.mkdir()
+    (git_dir / "train.py").write_text((sc.repo / "train.py").read_text())
+    threshold = run_workload(sc.python, git_dir / "train.py") / SLOWDOWN**0.5
+    res, doc = _run_cli(
+        sc, "--until-ktoks", f"{threshold:.0f}", "--repeats", "3", smoke=("python", "train.py")
+    )
     assert res.return_value == 0, res.output
+    assert f"good means ≥ {threshold:,.0f} tok/s ({threshold / 1000:.1f} Ktok/s)" in res.stderr
+    assert doc["threshold_tok_per_s"] == pytest.approx(round(threshold))
     [culprit] = doc["culprits"]
     assert culprit["unit"] == f"git:{sc.repo}"
     assert culprit["commit"] == slow
     assert f"first bad commit {slow[:12]}" in res.stdout
     assert sc.fingerprint() == before
+
+
+def _env_culprit_scenario(tmp_path: Path) -> Scenario:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==2.0", "ebonly==1.0")
+    git_entry = sc.git_entry(sc.commits[0])
+    sc.write(
+        good={"packages": {"ebwork": pkg("1.0")}, "git": git_entry},
+        bad={
+            "packages": {"ebwork": pkg("2.0"), "ebonly": pkg("1.0")},
+            "env": {"EB_SLOW": "8"},
+            "git": git_entry,
+        },
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.2\n",
+    )
+    return sc
+
+
+def _spawn(sc: Scenario, *extra: str) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "envbisect",
+        "run",
+        "--config",
+        str(sc.config),
+        "--python",
+        sc.python,
+        "--bad",
+        str(sc.bad),
+        "--session",
+        str(sc.tmp / "session"),
+        "--json",
+        str(sc.tmp / "result.json"),
+        *extra,
+        "--",
+        "python",
+        str(sc.repo / "train.py"),
+    ]
+    env = {**os.environ, "EB_TOKENS": "20000"}  # trials long enough to be caught mid-way
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=open(sc.tmp / "run.out", "wb"),  # noqa: SIM115 - closed with the process
+        stderr=open(sc.tmp / "run.err", "wb"),  # noqa: SIM115
+    )
+
+
+def _wait_for(proc: subprocess.Popen[bytes], what: str, pred: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended (exit {proc.returncode}) before {what}")
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _swap_open(sc: Scenario) -> bool:
+    root = sc.tmp / "session"
+    return (root / "journal.jsonl").exists() and bool(Session(root).journal.open_swaps())
+
+
+def test_ctrl_c_mid_trial_restores_everything_then_resume_finishes(tmp_path: Path) -> None:
+    sc = _env_culprit_scenario(tmp_path)
+    before = sc.fingerprint()
+    proc = _spawn(sc)
+    _wait_for(proc, "a file swapped in place", lambda: _swap_open(sc))
+    assert sc.loose.read_bytes() == b"lr = 0.1\n"  # the good content is in place right now
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted; files restored, session saved" in (tmp_path / "run.err").read_text()
+    assert sc.fingerprint() == before
+    log = CliRunner().invoke(cli, ["log", "--session", str(tmp_path / "session")])
+    assert log.exit_code == 0 and "unfinished: continue with 'envbisect run --resume'" in log.output
+    resumed = _spawn(sc, "--resume")
+    assert resumed.wait(timeout=300) == 0, (tmp_path / "run.err").read_text()
+    doc = json.loads((tmp_path / "result.json").read_text())
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    assert sc.fingerprint() == before
+
+
+def test_kill_9_then_resume_repeats_no_finished_trial(tmp_path: Path) -> None:
+    sc = _env_culprit_scenario(tmp_path)
+    before = sc.fingerprint()
+    proc = _spawn(sc)
+    session = Session(tmp_path / "session")
+    _wait_for(proc, "two finished trials", lambda: len(session.trials()) >= 2)
+    proc.kill()
+    proc.wait()
+    finished = session.trials()
+    resumed = _spawn(sc, "--resume")
+    assert resumed.wait(timeout=300) == 0, (tmp_path / "run.err").read_text()
+    doc = json.loads((tmp_path / "result.json").read_text())
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    records = session.trials()
+    # Every logged sample was used by the search exactly once: nothing measured twice.
+    assert sum(len(r.samples) for r in records) == sum(len(t["samples"]) for t in doc["trials"])
+    assert records[: len(finished)] == finished
+    assert sc.fingerprint() == before
+
+
+def test_kill_9_with_a_file_swapped_then_reset_restores_the_machine(tmp_path: Path) -> None:
+    sc = _env_culprit_scenario(tmp_path)
+    before = sc.fingerprint()
+    proc = _spawn(sc)
+    _wait_for(proc, "a file swapped in place", lambda: _swap_open(sc))
+    proc.kill()
+    proc.wait()
+    assert sc.loose.read_bytes() == b"lr = 0.1\n"  # left swapped by the dead process
+    res = CliRunner().invoke(cli, ["reset", "--session", str(tmp_path / "session")])
+    assert res.exit_code == 0, res.output
+    assert f"restored {sc.loose}" in res.output
+    assert sc.fingerprint() == before
+    assert not (tmp_path / "session" / "venvs").exists()
+
+
+def test_bad_input_is_one_line_and_leaves_no_session(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envbisect",
+            "run",
+            "--good",
+            str(tmp_path / "nope.yaml"),
+            "--until-ktoks",
+            "12k",
+            "--session",
+            str(tmp_path / "s"),
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"envbisect: error: {tmp_path / 'nope.yaml'}: no such manifest file"
+    )
+    assert not (tmp_path / "s").exists()
+
+
+def test_identical_states_have_nothing_to_bisect(tmp_path: Path) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    sc.write(good={}, bad={}, loose_good=b"same\n", loose_bad=b"same\n")
+    res, doc = _run_cli(sc)
+    assert res.return_value == 1
+    assert doc["outcome"] == "not-reproduced" and doc["trials"] == []
+    assert "nothing to bisect" in res.stdout

@@ -26,7 +26,7 @@ from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.bisect.actuate import Actuator, Realized
 from envbisect.bisect.session import Session, TrialRecord, state_key
-from envbisect.errors import Interrupted, TransportError, UsageError
+from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
 from envbisect.metric import RESULT_ENV, Measurement, MetricSpec, format_ktok, measure
 from envbisect.transport import Transport
 
@@ -412,10 +412,16 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         "repeats": options.repeats,
         "on_crash": options.on_crash,
     }
+    # Manifests given by path are checked before a session exists: a typo must not leave
+    # an unfinished session behind.
+    mf.load(options.good)
+    if options.bad is not None:
+        mf.load(options.bad)
     session = Session.resume(root) if options.resume else Session.start(root, header)
     try:
         good, bad, bad_path = load_states(options, session.root, progress)
-    except BaseException:
+    except BaseException as exc:
+        session.append({"type": "end", "outcome": "error", "message": str(exc)})
         session.unlock()
         raise
     diff = diff_manifests(good, bad)
@@ -463,6 +469,13 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         )
         if result.interrupted:
             raise KeyboardInterrupt
+    except EnvBisectError as exc:
+        # e.g. uv missing: nothing to resume from; leave no worktree behind.
+        session.journal.restore()
+        session.remove_worktrees()
+        session.append({"type": "end", "outcome": "error", "message": str(exc)})
+        session.unlock()
+        raise
     except KeyboardInterrupt:
         session.journal.restore()
         session.remove_worktrees()
