@@ -109,3 +109,25 @@ def test_git_bisect_run_finds_the_commit_that_made_tokens_expensive(tmp_path: Pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{shas[2]} is the first bad commit" in proc.stdout
     git(repo, "bisect", "reset")
+
+
+def test_check_with_the_built_in_drafter_on_cpu(tmp_path: Path) -> None:
+    """The default smoke test, shipped on stdin to the target python (real torch, CPU)."""
+    from envbisect.runner import SmokeCommand, check
+    from envbisect.transport import Transport
+
+    smoke = SmokeCommand(
+        drafter_params={"preset": "tiny", "device": "cpu", "warmup": 1, "steps": 2, "seq_len": 64}
+    )
+    result = check(
+        smoke,
+        threshold=1.0,
+        transport=Transport(),
+        python=sys.executable,
+        timeout_s=300,
+        log_root=tmp_path,
+    )
+    assert result.failure is None, result.failure
+    assert result.verdict == "good" and result.exit_code == 0
+    assert result.median is not None and result.median > 1.0
+    assert not list(tmp_path.iterdir())  # logs of a clean run are not kept
