@@ -442,3 +442,35 @@ def test_property_unbuildable_states_never_produce_a_wrong_culprit(
         assert oracle.is_slow(State.of(culprit.units))
     if result.outcome is SearchOutcome.AMBIGUOUS:
         assert any(cause <= set(result.candidates) for cause in oracle.causes)
+
+
+def test_a_drop_too_small_for_the_noise_ends_ambiguous_not_wrong() -> None:
+    # CV 20% against a 1.3x drop: the endpoints may just separate, the states in between
+    # do not; the search says so instead of splitting ever finer.
+    outcomes: Counter[SearchOutcome] = Counter()
+    for seed in range(40):
+        oracle = make_oracle(32, seed=seed, cv=0.20, drop=1.3)
+        result = search(oracle.units, oracle)
+        outcomes[result.outcome] += 1
+        assert len(result.trials) <= 2 + 2 * 32
+        if result.outcome is SearchOutcome.FOUND:
+            assert culprit_sets(result) == set(oracle.causes)
+        if "within the noise band" in result.message:
+            assert result.outcome is SearchOutcome.AMBIGUOUS
+            assert "allow more samples" in result.message
+    assert outcomes[SearchOutcome.AMBIGUOUS] > 0
+
+
+def test_culprit_that_cannot_be_built_alone_is_narrowed_to_a_pair() -> None:
+    units = unit_names(16)
+    inner = Oracle(units=units, causes=(frozenset({"u11"}),))
+
+    def u11_needs_company(state: State, n: int) -> Outcome:
+        if state.applied == frozenset({"u11"}):
+            return Outcome(failure="build: u11 requires a newer torch")
+        return inner(state, n)
+
+    result = search(units, u11_needs_company, on_failure="skip")
+    assert result.outcome is SearchOutcome.AMBIGUOUS
+    assert "u11" in result.candidates and len(result.candidates) == 2
+    assert "u11 alone failed: build: u11 requires a newer torch" in result.message

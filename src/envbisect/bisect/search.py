@@ -8,20 +8,28 @@ and the engine decides which states to measure:
 1. **Endpoints.** ∅ and the full set, each with at least 3 samples (this also estimates the
    noise; more samples while either sits inside the noise band). If the full set is good,
    or ∅ is bad, or the two cannot be told apart, the outcome is ``NOT_REPRODUCED``.
-2. **Threshold.** The caller's, or the geometric mean of the endpoint medians.
+2. **Threshold.** The caller's, or the geometric mean of the endpoint medians — refined as
+   the search goes by pooling every state since judged good with the good endpoint and
+   every state judged bad with the bad one (three unlucky endpoint samples would otherwise
+   skew every later verdict). When the full set fails rather than runs slow, a state that
+   runs counts as slow below half the good speed. Verdicts: see ``envbisect.bisect.verdict``.
 3. **Isolation** with Zeller's dd (the isolating variant, "+/-" — tests ``pass ∪ Δi`` and
    ``fail \\ Δi``). With conclusive verdicts it is binary splitting: a good half moves the
    good side up (the cause lies in the other half, relative to a state proven good), a bad
    half becomes the new bad side. Unresolved states (noise, or a failure with
-   ``on_failure="skip"``) make it try the complement, then split finer. Every step rests on
-   two measured states, never on an assumption.
+   ``on_failure="skip"``) make it try the complement, then split finer, like ``git bisect
+   skip``. Every step rests on two measured states, never on an assumption. Finer splits do
+   not beat noise, so once a handful of states sit inside the noise band the search stops
+   and says the drop is too small for the noise (``AMBIGUOUS``).
 4. **Confirmation.** The isolated unit alone on top of good must be bad. If it is good, the
    cause is an interaction: the search isolates again with that unit applied, inside the
    last good state, until the collected units are bad together (each of them is needed:
    the set minus any one lies inside a state measured good). Then everything *but* the
    culprit must be good; if it is still slow another cause remains, which ``find_all=True``
    goes on to isolate the same way.
-5. **Ordered units** (a git repo with the commits between good and bad) found guilty are
+5. **Ambiguity** is reported with the smallest state proven slow (``candidates``): when the
+   culprit alone cannot be built or judged, the search narrows the units it was slow with.
+6. **Ordered units** (a git repo with the commits between good and bad) found guilty are
    bisected over their commit list with the rest of the culprit applied, skipping
    unmeasurable commits the way ``git bisect skip`` does.
 
@@ -348,6 +356,7 @@ class _Engine:
         self.judge: Judge | None = None
         self.threshold: float | None = threshold
         self.left: int | None = None
+        self.too_noisy = 0
         # What is known so far, for an aborted search.
         self.candidates: frozenset[str] = self.all
         self.culprits: list[Culprit] = []
@@ -450,9 +459,6 @@ class _Engine:
     def trial(self, state: State) -> Trial:
         return self.records[state].freeze()
 
-    def applied(self, units: Iterable[str]) -> State:
-        return State.of(units)
-
     # -- endpoints -------------------------------------------------------------------------
 
     def endpoints(self) -> str | None:
@@ -548,10 +554,17 @@ class _Engine:
         split of it is unresolved.
         """
         n = 2
+        # Finer splits help around unbuildable states, not against noise (every state is
+        # as noisy): after this many states inside the noise band, stop and say so.
+        noisy: set[State] = set()
+        self.too_noisy = 0
         while True:
             delta = self._sorted(failing - passing)
             self.candidates = frozenset(delta)
             if len(delta) <= 1:
+                return passing, failing
+            if len(noisy) > max(4, _log2ceil(len(self.units))):
+                self.too_noisy = len(noisy)
                 return passing, failing
             self._estimate(len(delta))
             n = min(n, len(delta))
@@ -565,6 +578,8 @@ class _Engine:
                 for state, inside in ((passing | part, True), (failing - part, False)):
                     v = self.measure(State.of(state), purpose)
                     if v is Verdict.UNRESOLVED:
+                        if not self.records[State.of(state)].failure:
+                            noisy.add(State.of(state))
                         continue
                     if v is Verdict.BAD:
                         failing = state
@@ -594,6 +609,14 @@ class _Engine:
         while True:
             passing, failing = self.dd(core, core | pool, "isolate")
             delta = failing - passing
+            if len(delta) != 1 and self.too_noisy:
+                raise _Ambiguous(
+                    failing,
+                    f"{self.too_noisy} states stayed within the noise band (±"
+                    f"{self._noise().sigma:.1%} per sample) after up to {self.max_samples} "
+                    "samples: the drop is too small for this noise; allow more samples or "
+                    "quiet the machine",
+                )
             if len(delta) != 1:
                 # `failing` is proven slow and holds a whole cause; one of `delta` is part of
                 # it, the rest of it (an interaction) may be among the others: shrink those.
