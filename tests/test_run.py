@@ -341,3 +341,21 @@ def test_identical_states_have_nothing_to_bisect(tmp_path: Path) -> None:
     assert res.return_value == 1
     assert doc["outcome"] == "not-reproduced" and doc["trials"] == []
     assert "nothing to bisect" in res.stdout
+
+
+def test_env_culprit_through_a_layer_chain(tmp_path: Path) -> None:
+    """Through --via, env units travel inside the command; local-only units are reported."""
+    sc = Scenario(tmp_path)
+    sc.venv()
+    sc.write(
+        good={"env": {"KEEP": "1"}},
+        bad={"env": {"KEEP": "1", "EB_SLOW": "8"}},
+        loose_good=b"a\n",
+        loose_bad=b"b\n",
+    )
+    before = sc.fingerprint()
+    res, doc = _run_cli(sc, "--via", "env", smoke=(sys.executable, str(sc.repo / "train.py")))
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    assert "cannot be realized on a remote target" in doc["not_bisected"][f"files:{sc.loose}"]
+    assert sc.fingerprint() == before

@@ -44,8 +44,9 @@ Changes of the ``torch`` and ``probes`` sections are facts that follow from pack
 files; they need no actuator of their own. Everything else (system, gpu, python, ...) is
 reported, never bisected.
 
-Remote targets (``--via``/``--target``): env and caches act per trial; packages, git, files
-and data would have to be built on the target and are marked not bisectable there.
+Remote targets (``--via``/``--target``): env units act per trial (through ``env -u NAME
+NAME=value cmd`` inside the chain); packages, git, files, caches and data would have to be
+built on the target and are marked not bisectable there (not built yet).
 """
 
 from __future__ import annotations
@@ -215,7 +216,7 @@ class Actuator:
         remote = bool(self.transport.layers)
         for change in actionable:
             section, key = change.section, str(change.key)
-            if remote and section in ("packages", "git", "files", "data"):
+            if remote and section in ("packages", "git", "files", "data", "caches"):
                 return f"{section} changes cannot be realized on a remote target yet"
             old = self.good.section(section).get(key)
             new = self.bad.section(section).get(key)
@@ -377,7 +378,8 @@ class Actuator:
                 # The link farm points into the target environment: never write bytecode
                 # through it (existing .pyc files are still read).
                 env["PYTHONDONTWRITEBYTECODE"] = "1"
-        if venv is not None or os.path.isabs(self.python):
+        remote = bool(self.transport.layers)
+        if not remote and (venv is not None or os.path.isabs(self.python)):
             bindir = str(Path(python).parent)
             env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
             prefix = Path(python).parent.parent
@@ -443,7 +445,7 @@ class Actuator:
 
         # caches: every known compile cache points into the trial sandbox
         cache_values = {k: v for (s, k), (_src, v) in values.items() if s == "caches"}
-        for name, var in CACHE_ENV.items():
+        for name, var in CACHE_ENV.items() if not remote else ():
             if name in cache_values:
                 value = cache_values[name]
             else:
