@@ -474,3 +474,26 @@ def test_culprit_that_cannot_be_built_alone_is_narrowed_to_a_pair() -> None:
     assert result.outcome is SearchOutcome.AMBIGUOUS
     assert "u11" in result.candidates and len(result.candidates) == 2
     assert "u11 alone failed: build: u11 requires a newer torch" in result.message
+
+
+def test_full_set_failing_with_skip_is_not_reproduced() -> None:
+    units = unit_names(4)
+
+    def full_set_crashes(state: State, n: int) -> Outcome:
+        if state.applied == frozenset(units):
+            return Outcome(failure="timeout")
+        return Outcome(samples=(12_000.0,) * n)
+
+    result = search(units, full_set_crashes, on_failure="skip")
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert "could not be measured (timeout)" in result.message
+
+
+def test_progress_messages_name_the_state_and_the_measurement() -> None:
+    messages: list[str] = []
+    oracle = make_oracle(8, seed=3)
+    search(oracle.units, oracle, progress=lambda e: messages.append(e.message))
+    assert messages[0] == "measuring the endpoints"
+    assert "trial 1: good state (nothing applied) (endpoint: good)" in messages
+    assert "trial 2: 8 applied: u00, u01, u02, … 5 more (endpoint: bad)" in messages
+    assert "trial 1: good (median 1.28e+04 tok/s of 3 samples)" in messages

@@ -116,7 +116,9 @@ class State:
             return "good state (nothing applied)"
         pos = dict(self.positions)
         parts = [f"{u}@{pos[u]}" if u in pos else u for u in sorted(self.applied)]
-        return "+ " + ", ".join(parts)
+        if len(parts) > 4:
+            parts = [*parts[:3], f"… {len(parts) - 3} more"]
+        return f"{len(self.applied)} applied: " + ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -440,8 +442,17 @@ class _Engine:
         rec.verdict = self._decide(rec)
         if self.left:
             self.left -= 1
-        self._emit(EventKind.TRIAL_FINISHED, f"trial {rec.index}: {rec.verdict.value}", rec)
+        self._emit(EventKind.TRIAL_FINISHED, self._finished_text(rec), rec)
         return rec.verdict
+
+    @staticmethod
+    def _finished_text(rec: _Record) -> str:
+        if rec.failure:
+            return f"trial {rec.index}: {rec.verdict.value} ({rec.failure})"
+        return (
+            f"trial {rec.index}: {rec.verdict.value} (median {median(rec.samples):.4g} tok/s "
+            f"of {len(rec.samples)} samples)"
+        )
 
     def measure(self, state: State, purpose: str) -> Verdict:
         """The verdict on ``state``, measuring it (once) if it is not cached."""
@@ -494,6 +505,11 @@ class _Engine:
         good.verdict, bad.verdict = gv, bv
         self._finish_endpoint(good)
         self._finish_endpoint(bad)
+        if bad.failure and bv is Verdict.UNRESOLVED:
+            return (
+                f"the full set of changes could not be measured ({bad.failure}); with "
+                "on_failure='skip' a failure is not the regression"
+            )
         if bv is Verdict.GOOD:
             return "the regression does not reproduce: the full set of changes runs fast here"
         if gv is Verdict.BAD:
@@ -528,7 +544,7 @@ class _Engine:
         return Verdict.UNRESOLVED
 
     def _finish_endpoint(self, rec: _Record) -> None:
-        self._emit(EventKind.TRIAL_FINISHED, f"trial {rec.index}: {rec.verdict.value}", rec)
+        self._emit(EventKind.TRIAL_FINISHED, self._finished_text(rec), rec)
 
     def _set_threshold(self, good: _Record, bad: _Record) -> None:
         if self.caller_threshold is not None:
