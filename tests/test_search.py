@@ -497,3 +497,27 @@ def test_progress_messages_name_the_state_and_the_measurement() -> None:
     assert "trial 1: good state (nothing applied) (endpoint: good)" in messages
     assert "trial 2: 8 applied: u00, u01, u02, … 5 more (endpoint: bad)" in messages
     assert "trial 1: good (median 1.28e+04 tok/s of 3 samples)" in messages
+
+
+def test_ordered_member_of_an_interaction_bad_from_its_first_commit() -> None:
+    units = unit_names(8)
+    items = commits(6)
+    for seed in range(4):
+        oracle = Oracle(
+            units=units,
+            causes=(frozenset({"u02", "u06"}),),
+            first_bad={"u06": 0},
+            seed=seed,
+        )
+        result = search(units, oracle, ordered={"u06": items, "u02": commits(1)})
+        assert result.outcome is SearchOutcome.FOUND
+        (culprit,) = result.culprits
+        assert culprit.units == ("u02", "u06")
+        by_unit = {n.unit: n for n in culprit.narrowed}
+        assert by_unit["u06"].first_bad == 0 and by_unit["u06"].items == (items[0],)
+        evidence = by_unit["u06"].evidence
+        assert evidence is not None
+        assert evidence.good.state == State.of(["u02"])
+        assert evidence.bad.state == State.of(["u02", "u06"], {"u06": 0})
+        # A one-item list needs no trial: its only item is the bad one.
+        assert by_unit["u02"].first_bad == 0 and by_unit["u02"].items == ("00" * 20,)

@@ -688,13 +688,14 @@ class _Engine:
         out = []
         for unit in self._sorted(core):
             items = self.ordered.get(unit)
-            if not items or len(items) < 2:
+            if not items:
                 continue
             out.append(self._narrow_one(core, unit, items))
         return tuple(out)
 
     def _narrow_one(self, core: frozenset[str], unit: str, items: tuple[str, ...]) -> Narrowed:
-        self._emit(EventKind.PHASE, f"{unit} is guilty: bisecting its {len(items)} items")
+        if len(items) > 1:
+            self._emit(EventKind.PHASE, f"{unit} is guilty: bisecting its {len(items)} items")
         last = len(items) - 1
 
         def state_at(p: int) -> State:
@@ -720,7 +721,12 @@ class _Engine:
                 skipped.add(p)
         candidates = tuple(range(lo + 1, hi + 1))
         evidence = None
-        if len(candidates) == 1:
+        # The rest of an interaction without this unit is good by inference (it lies inside
+        # a state measured good) but may not have been measured itself: measure it for the
+        # evidence.
+        if len(candidates) == 1 and (
+            lo >= 0 or self.measure(state_at(lo), f"narrow: {unit}") is Verdict.GOOD
+        ):
             evidence = Evidence.of(self.trial(state_at(lo)), self.trial(state_at(hi)))
         return Narrowed(unit, candidates, tuple(items[p] for p in candidates), evidence)
 
