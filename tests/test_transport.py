@@ -487,3 +487,13 @@ def test_print_command_and_a_named_target_from_envbisect_yaml(tmp_path: Path) ->
     manifest = yaml.safe_load(snap.stdout)
     assert manifest["meta"]["target"]["via"][1] == "pct exec 200 --"
     assert manifest["python"]["executable"] == sys.executable
+
+
+def test_the_timeout_holds_even_when_the_far_end_never_reads_stdin(tmp_path: Path) -> None:
+    # A hung hop (ssh still connecting, a layer that ignores stdin) must not block the
+    # write of a program larger than a pipe buffer past the timeout.
+    result = Transport.from_specs(["sh -c"]).run(
+        ["sleep", "300"], stdin=b"x" * (4 << 20), timeout_s=1, log_dir=tmp_path
+    )
+    assert result.timed_out
+    assert result.elapsed_s < 60

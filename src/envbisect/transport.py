@@ -626,13 +626,10 @@ class Transport:
                     f"cannot start {full[0]!r} (via {self.describe()}): {exc.strerror}"
                 ) from None
             try:
-                try:
-                    if proc.stdin is not None:
-                        proc.stdin.write(stdin)
-                        proc.stdin.close()
-                except BrokenPipeError:
-                    pass
-                proc.wait(timeout=timeout_s)
+                # communicate() feeds stdin without blocking past the timeout (a hop that
+                # hangs before reading must not hold a large program's write forever) and
+                # ignores a reader that went away (EPIPE).
+                proc.communicate(input=stdin, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(proc)
