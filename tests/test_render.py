@@ -119,3 +119,18 @@ def test_identical_renders_summary_only(monkeypatch: pytest.MonkeyPatch) -> None
     assert render(result, "table").rstrip().endswith("identical: no changes")
     assert "<details>" not in render(result, "markdown")
     assert json.loads(render(result, "json"))["identical"] is True
+
+
+def test_cuda_wheels_fold_in_the_table_unless_the_section_is_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    result = result_for("seed", monkeypatch)
+    folded = render(result, "table")
+    assert "nvidia-nccl-cu13" not in folded
+    assert "nvidia-*, cuda-* wheels  16 wheels     17 wheels" in folded
+    assert "1 upgraded, 16 added, 15 removed" in folded
+    full = render(result.select(["torch-stack"]), "table")
+    assert "nvidia-nccl-cu13" in full and "nvidia-*, cuda-* wheels" not in full
+    # The folded rows are still in every machine-readable format and in markdown's full list.
+    assert "nvidia-nccl-cu13" in render(result, "json")
+    assert "nvidia-nccl-cu13" in render(result, "markdown")

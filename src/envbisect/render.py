@@ -86,6 +86,29 @@ def _groups(result: DiffResult) -> list[tuple[str, list[Unit]]]:
     return list(groups.items())
 
 
+# More CUDA wheel changes than this fold into one row of the table (--section lists them).
+FOLD_WHEELS = 4
+
+
+def _is_cuda_wheel(change: Change) -> bool:
+    return change.section == "packages" and change.key.startswith(("nvidia-", "cuda-"))
+
+
+def _wheel_row(wheels: list[Change]) -> list[str]:
+    counts: dict[str, int] = {}
+    for c in wheels:
+        counts[c.kind.value] = counts.get(c.kind.value, 0) + 1
+    kinds = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    before = sum(1 for c in wheels if c.old is not None)
+    after = sum(1 for c in wheels if c.new is not None)
+    return [
+        "nvidia-*, cuda-* wheels",
+        f"{before} wheels",
+        f"{after} wheels",
+        f"{kinds} (--section torch-stack lists them)",
+    ]
+
+
 def _side_line(name: str, side: dict[str, Any]) -> str:
     facts = [str(side["label"])]
     if side.get("created"):
@@ -97,7 +120,12 @@ def _side_line(name: str, side: dict[str, Any]) -> str:
 
 
 def render_table(result: DiffResult, *, color: bool = False) -> str:
-    """Grouped tables with a footer of reasons and the summary line."""
+    """Grouped tables with a footer of reasons and the summary line.
+
+    Without a --section filter, the torch stack's CUDA wheels (nvidia-*, cuda-*) fold into
+    one row when there are more than FOLD_WHEELS of them: a CUDA 12 -> 13 move changes ~30.
+    Torch build facts that repeat a package row (version, triton) are not shown twice.
+    """
 
     def style(text: str, **kw: Any) -> str:
         return click.style(text, **kw) if color else text
@@ -117,9 +145,25 @@ def render_table(result: DiffResult, *, color: bool = False) -> str:
         lines.append(style(f"{title}  ({count})", bold=True))
         rows = []
         for unit in units:
-            for c in unit.changes:
+            changes, wheels = list(unit.changes), []
+            if unit.id == "torch-stack" and not result.sections_filter:
+                wheels = [c for c in changes if _is_cuda_wheel(c)]
+                if len(wheels) > FOLD_WHEELS:
+                    changes = [c for c in changes if not _is_cuda_wheel(c)]
+                else:
+                    wheels = []
+            shown = {(c.old, c.new) for c in changes if c.section == "packages"}
+            for c in changes:
+                if (
+                    c.section == "torch"
+                    and c.key in ("version", "triton")
+                    and (c.old, c.new) in shown
+                ):
+                    continue  # torch's own version/triton facts repeat the package rows
                 kind = style(change_text(c), fg=_KIND_COLORS[c.kind])
                 rows.append([change_label(c), show_value(c.old), show_value(c.new), kind])
+            if wheels:
+                rows.append(_wheel_row(wheels))
         table = tabulate(rows, headers=["", "good", "bad", "change"], disable_numparse=True)
         lines.extend("  " + row for row in table.splitlines())
         lines.append("")

@@ -78,6 +78,10 @@ def command(
         if print_command:
             click.echo(shlex.join(transport.compose([target_python, "-"])))
             return 0
+        where = (
+            f"{target_python} via {transport.describe()}" if via or target_name else target_python
+        )
+        click.echo(f"envbisect: comparing with a fresh snapshot of {where}", err=True)
         bad_manifest = take_snapshot(config, transport, target_python, label="now")
     result = diff_manifests(good_manifest, bad_manifest, include_volatile=include_volatile)
     result = result.select(sections)
