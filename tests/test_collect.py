@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.metadata
 import json
@@ -23,11 +24,11 @@ from helpers_collect import (
     write_stand_in,
 )
 
-from envbisect.collect import agent_params, take_snapshot, write_snapshot
+from envbisect.collect import agent_params, store_blobs, take_snapshot, write_snapshot
 from envbisect.collect import collector as agent
 from envbisect.config import Config
-from envbisect.errors import CollectError
-from envbisect.manifest import load
+from envbisect.errors import CollectError, UsageError
+from envbisect.manifest import Manifest, load
 from envbisect.transport import Transport
 
 PY = sys.executable
@@ -505,3 +506,30 @@ def test_written_manifest_loads_back_equal(tmp_path: Path) -> None:
     assert yaml.safe_load(path.read_text())["schema"] == "envbisect/manifest@1"
     second = write_snapshot(m, None, config)
     assert second != path  # same second, same label: never overwritten
+
+
+def test_store_blobs_checks_content_and_never_rewrites(tmp_path: Path) -> None:
+    good = b"contents"
+    sha = hashlib.sha256(good).hexdigest()
+    wrong = hashlib.sha256(b"other").hexdigest()
+    blobs = {
+        sha: base64.b64encode(good).decode(),
+        wrong: base64.b64encode(good).decode(),
+        "f" * 64: "not base64!",
+    }
+    errors = store_blobs(blobs, tmp_path / "blobs")
+    assert (tmp_path / "blobs" / sha).read_bytes() == good
+    assert not (tmp_path / "blobs" / wrong).exists()
+    assert sorted(e["error"].split(": ")[1] for e in errors) == [
+        "content does not match",
+        "not base64",
+    ]
+    (tmp_path / "blobs" / sha).chmod(0o400)
+    assert store_blobs({sha: blobs[sha]}, tmp_path / "blobs") == []
+
+
+def test_write_snapshot_refuses_a_directory(tmp_path: Path) -> None:
+    config = Config(root=tmp_path, manifests_dir=tmp_path / "manifests")
+    m = Manifest(sections={"meta": {"label": "x"}})
+    with pytest.raises(UsageError, match="is a directory"):
+        write_snapshot(m, str(tmp_path), config)
