@@ -54,6 +54,12 @@ def _state(tmp: Path, python: str, wheels: Path, hide: str) -> tuple[Actuator, f
     return act, frozenset()  # nothing applied: ebwork present, `hide` absent
 
 
+def _realize(act: Actuator, applied: frozenset[str], trial: Path) -> str:
+    with act.realize(applied, {}, trial) as state:
+        assert state.failure is None, state.failure
+        return state.python
+
+
 def _time(fn) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     fn()
@@ -76,18 +82,15 @@ def main() -> int:
         act, applied = _state(tmp, args.python, wheels, args.hide)
         act.target()  # the env probe happens once per run, not per state
 
-        def realize() -> None:
-            with act.realize(applied, {}, tmp / "trial") as state:
-                assert state.failure is None, state.failure
-                realize.python = state.python  # type: ignore[attr-defined]
-
-        builds.append(_time(realize))
-        check = (
-            "import importlib.util as u; import ebwork; "
-            f"assert u.find_spec({args.hide!r}) is None"
-        )
-        subprocess.run([realize.python, "-c", check], check=True)  # type: ignore[attr-defined]
-        revisits.extend(_time(realize) for _ in range(5))
+        start = time.perf_counter()
+        python = _realize(act, applied, tmp / "trial")
+        builds.append(time.perf_counter() - start)
+        check = f"import importlib.util as u, ebwork; assert u.find_spec({args.hide!r}) is None"
+        subprocess.run([python, "-c", check], check=True)
+        for _ in range(5):
+            start = time.perf_counter()
+            _realize(act, applied, tmp / "trial")
+            revisits.append(time.perf_counter() - start)
         floors.append(_time(lambda: subprocess.run([args.python, "-c", "pass"], check=True)))
     build, revisit, floor = (statistics.median(x) for x in (builds, revisits, floors))
     entries = sum(1 for _ in (Path(act.target().sites[0])).iterdir())

@@ -183,6 +183,8 @@ def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None
     [culprit] = doc["culprits"]
     assert culprit["unit"] == f"git:{sc.repo}"
     assert culprit["commit"] == slow
+    # 2 endpoints + isolating 1 of 2 units (≤ 2) + confirming + ⌈log2 4⌉ narrowing steps
+    assert len(doc["trials"]) <= 2 + 2 + 2 + 2
     assert f"first bad commit {slow[:12]}" in res.stdout
     assert sc.fingerprint() == before
 

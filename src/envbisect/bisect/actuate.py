@@ -247,7 +247,11 @@ class Actuator:
                 if str(key) not in CACHE_ENV:
                     return f"caches {key}: no environment variable points it elsewhere"
                 for side, value in (("good", old), ("bad", new)):
-                    if _is_warm(value) and not _usable_dir(Path(value.get("path") or "")):
+                    if (
+                        isinstance(value, dict)
+                        and _is_warm(value)
+                        and not _usable_dir(Path(value.get("path") or ""))
+                    ):
                         return (
                             f"caches {key}: the {side} state had a warm cache at "
                             f"{value.get('path')} which no longer holds files"
