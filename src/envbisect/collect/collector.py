@@ -200,6 +200,7 @@ def collect_python(c):
             "executable": sys.executable,
             "prefix": sys.prefix,
             "base_prefix": getattr(sys, "base_prefix", sys.prefix),
+            "build": " ".join(sys.version.split()),
         }
     )
 
