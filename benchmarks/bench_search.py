@@ -17,7 +17,8 @@ a true cause (a wrong answer is worse than an ambiguous or partial one).
 
 Cases: single culprit; two-change interaction (slow only together); two independent culprits
 (either one is slow); one culprit with 10% of states unbuildable; one culprit under noise CV
-0/5/10/20% with a 3× and a 1.3× drop.
+0/5/10/20% with a 3× and a 1.3× drop; the two hardest noise cases again with the engine
+allowed 21 samples per state instead of 9.
 
 Usage: python benchmarks/bench_search.py [--seeds N] [--sizes 4 8 ...]
 Prints markdown tables and the goal checks; nothing is asserted. Pure Python, no I/O.
@@ -51,6 +52,7 @@ class Case:
     scenario: str
     cv: float = 0.0
     drop: float = 3.0
+    max_samples: int = 9
 
 
 CASES = [
@@ -63,6 +65,9 @@ CASES = [
         for drop in (3.0, 1.3)
         for cv in (0.0, 0.05, 0.10, 0.20)
     ],
+    # The same noisy cases with the engine allowed more samples per state near the threshold.
+    Case("noise CV 10%, 1.3x drop, engine max_samples=21", "single", 0.10, 1.3, 21),
+    Case("noise CV 20%, 1.3x drop, engine max_samples=21", "single", 0.20, 1.3, 21),
 ]
 
 
@@ -78,6 +83,7 @@ def run_engine(oracle: Oracle, case: Case) -> Run:
     result = search(
         oracle.units,
         oracle,
+        max_samples=case.max_samples,
         find_all=case.scenario == "independent",
         on_failure="skip" if case.scenario == "unbuildable" else "bad",
     )
