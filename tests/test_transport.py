@@ -181,6 +181,14 @@ def test_shell_join_round_trips_through_real_shells(shell: str, words: list[str]
     assert not CANARY.exists()
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_words_that_zsh_or_bash_would_expand_come_through_unchanged(shell: str) -> None:
+    words = ["=ls", "=python3", "a=b", "~", "~root", "!!", "{a,b}", "*", "$((1+1))", "^x", "#"]
+    line = shell_join([sys.executable, str(PRINT_ARGV), *words])
+    proc = subprocess.run([shell, "-c", line], capture_output=True, check=False)
+    assert print_argv_result(proc.stdout) == hex_words(words), proc.stderr
+
+
 def test_shell_join_quotes_zsh_equals_and_leading_assignments() -> None:
     assert shell_join(["=ls", "a=b", "plain", ""]) == "'=ls' a=b plain ''"
     assert shell_join(["A=1", "x"]) == "'A=1' x"
@@ -203,6 +211,8 @@ def _local_layers() -> list[str]:
     ]
     if os.geteuid() == 0:  # su -c asks root for no password
         layers.append("su -c")
+    if shutil.which("zsh"):  # the shell of the field failure (`zsh: unmatched '`)
+        layers.append("zsh -c")
     return layers
 
 

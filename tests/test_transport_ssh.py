@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ OTHER_LAYERS = [
     f"{fake('kubectl')} exec trainer-0",
     f"{fake('srun')} -p gpu",
     "env",
+    *(["zsh -c"] if shutil.which("zsh") else []),  # stands in for a zsh login shell
 ]
 
 
