@@ -374,3 +374,33 @@ def test_as_dict_round_trips_through_json(kinds: DiffResult) -> None:
     assert data["identical"] is False
     assert len(data["units"]) == len(kinds.units)
     assert {c["kind"] for u in data["units"] for c in u["changes"]} == {k.value for k in ChangeKind}
+
+
+def test_fact_missing_because_collection_failed_is_no_bisectable_change() -> None:
+    gpu = {"driver": "580.159.04", "devices": [{"index": 0, "name": "NVIDIA H200"}]}
+    repo = {"head": "a" * 40, "branch": "main", "dirty": False}
+    good = make(gpu=gpu, git={"/r": repo, "/s": repo})
+    bad = Manifest(
+        sections={
+            "meta": {
+                "label": "bad",
+                "errors": [
+                    {"section": "gpu", "error": "nvidia-smi timed out after 10 s"},
+                    {"section": "git", "error": "/r: not a git repository"},
+                ],
+            },
+            "gpu": {},
+            "git": {},
+        }
+    )
+    result = diff_manifests(good, bad)
+    driver = result.unit("gpu:driver")
+    assert not driver.bisectable and "nvidia-smi timed out" in str(driver.reason)
+    assert (
+        driver.changes[0].note
+        == "not collected in the bad snapshot: nvidia-smi timed out after 10 s"
+    )
+    assert "not a git repository" in str(result.unit("git:/r").reason)
+    # /s vanished without an error naming it: a real removal, bisectable.
+    s = result.unit("git:/s")
+    assert s.bisectable and s.changes[0].note is None

@@ -35,6 +35,10 @@ Bisectable or not (``reason`` says why, in plain words):
   probe is re-observed in each trial. When the probe's module file is itself a changed file,
   the reason names that unit.
 
+A fact present on one side and missing on the other *because collecting it failed there*
+(an entry in that side's ``meta.errors``, e.g. a hung ``nvidia-smi``) is no change: its note
+says so and its unit is never bisectable.
+
 Volatile facts (``meta``: created time, elapsed, host; mtimes; the package ``installer``;
 cache digests when files, sizes and subdirectories are unchanged, i.e. only mtimes moved) are
 left out unless ``include_volatile=True``; ``DiffResult.hidden`` counts them.
@@ -693,8 +697,7 @@ def _unit_for(change: Change) -> Unit:
         )
         return Unit(f"python:{k}", "python", f"python {k}", one, False, reason)
     if s == "meta":
-        reason = "volatile: differs between any two snapshots"
-        return Unit(f"meta:{k}", "meta", f"meta {k}", one, False, reason)
+        return Unit(f"meta:{k}", "meta", f"meta {k}", one, False, _VOLATILE_REASON)
     reason = f"envbisect has no way to re-create facts of section '{s}'"
     return Unit(f"{s}:{k}", s, f"{s} {k}", one, False, reason)
 
@@ -769,7 +772,16 @@ def _section_rank(section: str) -> int:
     return len(SECTION_ORDER)
 
 
-def _build_units(changes: list[Change], good: Manifest, bad: Manifest) -> list[Unit]:
+_VOLATILE_REASON = "volatile: differs between snapshots without changing what runs (--all)"
+
+
+def _build_units(
+    changes: list[Change],
+    good: Manifest,
+    bad: Manifest,
+    volatile: set[int],
+    uncollected: dict[int, str],
+) -> list[Unit]:
     stack = tuple(
         c
         for c in changes
@@ -784,7 +796,12 @@ def _build_units(changes: list[Change], good: Manifest, bad: Manifest) -> list[U
     for change in changes:
         if id(change) in stack_ids:
             continue
-        units.append(_refine(_unit_for(change), good, bad, changed_files))
+        unit = _refine(_unit_for(change), good, bad, changed_files)
+        if id(change) in volatile:
+            unit = replace(unit, bisectable=False, reason=_VOLATILE_REASON)
+        elif id(change) in uncollected:
+            unit = replace(unit, bisectable=False, reason=uncollected[id(change)])
+        units.append(unit)
     # Stable sort: section rank, then the order the changes were found in.
     units.sort(key=lambda u: _section_rank(u.section))
     return units
@@ -827,9 +844,10 @@ def diff_manifests(good: Manifest, bad: Manifest, *, include_volatile: bool = Fa
             found.extend(_diff_scalars(name, gs, bs))
         else:
             found.extend(_diff_generic(name, g, b))
+    found, uncollected = _mark_uncollected(found, good, bad)
     kept = [c for c, volatile in found if include_volatile or not volatile]
     left_out = tuple(c for c, volatile in found if volatile and not include_volatile)
-    units = _build_units(kept, good, bad)
+    units = _build_units(kept, good, bad, {id(c) for c, volatile in found if volatile}, uncollected)
     ordered = tuple(c for u in units for c in u.changes)
     return DiffResult(
         good=good,
@@ -838,6 +856,52 @@ def diff_manifests(good: Manifest, bad: Manifest, *, include_volatile: bool = Fa
         units=tuple(units),
         volatile=left_out,
     )
+
+
+def _collect_errors(m: Manifest) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    errors = m.section("meta").get("errors") or []
+    for err in errors if isinstance(errors, list) else []:
+        if isinstance(err, dict) and err.get("section"):
+            out.setdefault(str(err["section"]), []).append(str(err.get("error", "")))
+    return out
+
+
+def _error_for(errors: dict[str, list[str]], section: str, key: str) -> str | None:
+    """The collection error behind a missing fact: one naming the key, else a section-wide one."""
+    messages = errors.get(section) or []
+    for message in messages:
+        if message.startswith(f"{key}:"):
+            return message
+    if messages and section in ("gpu", "torch", "system", "python", "packages"):
+        return messages[0]  # these sections fail as a whole (nvidia-smi, torch/version.py...)
+    return None
+
+
+def _mark_uncollected(
+    found: list[_Found], good: Manifest, bad: Manifest
+) -> tuple[list[_Found], dict[int, str]]:
+    """An entry missing on one side because collecting it failed there is no change.
+
+    Its note and its unit's reason say so (from ``meta.errors``); it is never bisectable.
+    """
+    errors = {"good": _collect_errors(good), "bad": _collect_errors(bad)}
+    if not errors["good"] and not errors["bad"]:
+        return found, {}
+    out: list[_Found] = []
+    reasons: dict[int, str] = {}
+    for change, volatile in found:
+        side = {ChangeKind.REMOVED: "bad", ChangeKind.ADDED: "good"}.get(change.kind)
+        message = _error_for(errors[side], change.section, change.key) if side else None
+        if message is not None:
+            note = f"not collected in the {side} snapshot: {message}"
+            change = replace(change, note=note)
+            reasons[id(change)] = (
+                f"the {side} snapshot could not collect it ({message}); "
+                "snapshot again once it can be read"
+            )
+        out.append((change, volatile))
+    return out, reasons
 
 
 def _source(m: Manifest) -> str:
