@@ -216,7 +216,8 @@ class Culprit:
 
     One unit normally; several when they are slow only together (an interaction), each of
     them needed. ``alone``: ∅ (good) vs these units alone (bad). ``without``: everything but
-    them (good) vs everything (bad), None when reverting them alone does not restore speed.
+    them (good) vs everything (bad) — for a later culprit of ``find_all``, everything but the
+    culprits found before it — None when reverting them does not restore speed.
     """
 
     units: tuple[str, ...]
@@ -355,10 +356,10 @@ class _Engine:
         self.replay = dict(replay)
         self.records: dict[State, _Record] = {}
         self.order: list[_Record] = []
-        self.judge: Judge | None = None
         self.threshold: float | None = threshold
         self.left: int | None = None
         self.too_noisy = 0
+        self.core: frozenset[str] = frozenset()
         # What is known so far, for an aborted search.
         self.candidates: frozenset[str] = self.all
         self.culprits: list[Culprit] = []
@@ -459,7 +460,8 @@ class _Engine:
         cached = self.records.get(state)
         if cached is not None:
             if cached.verdict is Verdict.UNRESOLVED and not cached.failure:
-                # The noise estimate has grown since: judge the same samples again.
+                # The noise estimate and the default threshold have been refined since:
+                # judge the same samples again.
                 cached.verdict = self._decide(cached)
             return cached.verdict
         rec = self._start(state, purpose, self.repeats)
@@ -576,7 +578,7 @@ class _Engine:
         self.too_noisy = 0
         while True:
             delta = self._sorted(failing - passing)
-            self.candidates = frozenset(delta)
+            self.candidates = frozenset(delta) | self.core
             if len(delta) <= 1:
                 return passing, failing
             if len(noisy) > max(4, _log2ceil(len(self.units))):
@@ -620,7 +622,7 @@ class _Engine:
 
     def find_core(self, bad: frozenset[str]) -> frozenset[str]:
         """A minimal set of units that is bad alone, inside the bad set ``bad``."""
-        core: frozenset[str] = frozenset()
+        core = self.core = frozenset()
         pool = bad
         while True:
             passing, failing = self.dd(core, core | pool, "isolate")
@@ -641,9 +643,9 @@ class _Engine:
                     f"one of {self._names(delta)} makes it slow, but every state between "
                     "them was unresolved",
                 )
-            core = core | delta
+            core = self.core = core | delta
             rest = passing - core
-            self.candidates = core | rest
+            self.candidates = core | rest  # until `core` alone is shown slow
             if not rest:
                 return core  # `failing` is exactly the core, measured bad
             v = self.measure(State.of(core), "confirm: alone")
@@ -764,10 +766,10 @@ class _Engine:
                 restored = Evidence.of(
                     self.trial(State.of(remainder)), self.trial(State.of(self.all))
                 )
-            self.culprits.append(Culprit(tuple(self._sorted(core)), alone, without))
-            self.culprits[-1] = Culprit(
-                tuple(self._sorted(core)), alone, without, self.narrow(core)
-            )
+            units = tuple(self._sorted(core))
+            # Recorded before narrowing, so that a budget spent there still reports it.
+            self.culprits.append(Culprit(units, alone, without))
+            self.culprits[-1] = Culprit(units, alone, without, self.narrow(core))
             if v is Verdict.GOOD:
                 break
             if v is Verdict.UNRESOLVED:
