@@ -18,6 +18,8 @@ and known tools are checked and fixed up before anything runs:
 - pct exec / kubectl exec / lxc-attach end with ``--`` (added when absent; words after it are
   an error, as are words after the VMID/pod, which would be ambiguous);
 - srun gets ``-n1`` (another task count would run the program several times);
+- ``lxc exec`` / ``incus exec`` end with ``--`` like pct; ``sudo -i``/``-s`` are refused
+  (sudo re-joins the words for a shell and leaves ``$`` unescaped);
 - ``sh -c`` / ``bash -lc`` / ``su -c`` must end with their ``-c`` option.
 
 Quoting for shell layers is POSIX single-quoting, stricter than ``shlex.quote`` (a bare
@@ -188,6 +190,8 @@ def _fix_ssh(words: list[str], text: str) -> Layer:
         j = 1
         while j < len(word):
             c = word[j]
+            if c == "W":
+                raise _bad(text, "ssh -W forwards a port and runs no remote command; drop it")
             if c in _SSH_WITH_VALUE:
                 value = word[j + 1 :]
                 if not value:
@@ -218,7 +222,7 @@ def _fix_ssh(words: list[str], text: str) -> Layer:
                     "ssh must not get -n: it would cut off the program that "
                     "envbisect sends on stdin",
                 )
-            if c in "NfsW":
+            if c in "Nfs":
                 raise _bad(text, f"ssh -{c} runs no remote command; drop it")
             if c == "T":
                 has_t_flag = True
@@ -509,6 +513,37 @@ def _fix_lxc_attach(words: list[str], text: str) -> Layer:
     return Layer((*words, "--"), LayerKind.ARGV)
 
 
+def _fix_lxd_exec(words: list[str], text: str) -> Layer:
+    tool = os.path.basename(words[0])
+    if len(words) < 3 or words[1] != "exec":
+        raise _bad(text, f"a {tool} layer must be '{tool} exec INSTANCE --'")
+    return _fix_lxc_attach(words, text)
+
+
+_SUDO_WITH_VALUE = frozenset("CDghprtuUTR")
+
+
+def _fix_sudo(words: list[str], text: str) -> Layer:
+    i = 1
+    while i < len(words) and words[i].startswith("-") and words[i] != "--":
+        word = {"--login": "-i", "--shell": "-s"}.get(words[i], words[i])
+        if not word.startswith("--"):
+            for j, c in enumerate(word[1:], 1):
+                if c in "is":
+                    raise _bad(
+                        text,
+                        f"sudo -{c} re-joins the command for a shell and leaves '$' unescaped, "
+                        "so arguments would be expanded; use 'sudo -u USER' and, for a login "
+                        "shell, add 'bash -lc' as its own --via",
+                    )
+                if c in _SUDO_WITH_VALUE:
+                    i += j == len(word) - 1  # the value is the next word
+                    break
+        i += 1
+    kind = LayerKind.SHELL if _ends_in_shell_c(words[1:]) else LayerKind.ARGV
+    return Layer(tuple(words), kind)
+
+
 def _fix_posix_shell(words: list[str], text: str) -> Layer:
     tool = os.path.basename(words[0])
     if len(words) >= 2 and _DASH_C.fullmatch(words[-1]):
@@ -540,6 +575,9 @@ _FIXERS: dict[str, Callable[[list[str], str], Layer]] = {
     "nerdctl": _fix_container_exec,
     "srun": _fix_srun,
     "lxc-attach": _fix_lxc_attach,
+    "lxc": _fix_lxd_exec,
+    "incus": _fix_lxd_exec,
+    "sudo": _fix_sudo,
     "su": _fix_su,
     **{name: _fix_posix_shell for name in _SHELLS},
 }
