@@ -36,6 +36,8 @@ knob = os.path.join(here, "knob.txt")
 if os.path.exists(knob):
     with open(knob) as fh:
         work *= int(fh.read().strip() or 1)
+if os.environ.get("EB_CRASH"):
+    raise SystemExit("EB_CRASH is set: simulated training crash")
 if os.environ.get("EB_SLOW"):
     work *= int(os.environ["EB_SLOW"])
 tokens = int(os.environ.get("EB_TOKENS", "8000"))

@@ -219,3 +219,33 @@ def test_redacted_env_and_missing_blob_and_data_are_blocked_plainly(tmp_path: Pa
     with act2.realize(frozenset(), {}, tmp_path / "t") as state:
         assert state.map_argv(["--data", str(data)]) == ["--data", str(old)]
         assert state.env["ENVBISECT_DATA_0"] == str(old)
+
+
+def test_caches_warm_is_a_copy_cold_is_empty_and_the_users_cache_is_untouched(
+    tmp_path: Path,
+) -> None:
+    from tests.helpers_run import manifest
+
+    cache = tmp_path / "inductor"
+    (cache / "fx").mkdir(parents=True)
+    (cache / "fx" / "graph").write_text("compiled\n")
+    before = tree_hashes(cache)
+    warm = {"path": str(cache), "exists": True, "files": 1, "bytes": 9}
+    cold = {"path": str(cache), "exists": True, "files": 0, "bytes": 0}
+    good = manifest(tmp_path / "good.yaml", caches={"inductor": warm})
+    bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold})
+    act = _actuator(tmp_path, good, bad, "python3")
+    assert act.blockers() == {}
+    with act.realize(frozenset(), {}, tmp_path / "t1") as state:
+        sandbox = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
+        assert sandbox != cache and (sandbox / "fx" / "graph").read_text() == "compiled\n"
+        (sandbox / "fx" / "new").write_text("written by the trial\n")
+        assert Path(state.env["TRITON_CACHE_DIR"]).is_dir()
+    with act.realize(frozenset({"caches:inductor"}), {}, tmp_path / "t2") as state:
+        assert list(Path(state.env["TORCHINDUCTOR_CACHE_DIR"]).iterdir()) == []
+    assert tree_hashes(cache) == before
+    # A warm state whose recorded cache is gone cannot be realized: said plainly.
+    (cache / "fx" / "graph").unlink()
+    (cache / "fx").rmdir()
+    act2 = _actuator(tmp_path / "b", good, bad, "python3")
+    assert "no longer holds files" in act2.blockers()["caches:inductor"]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -131,3 +132,34 @@ def test_check_with_the_built_in_drafter_on_cpu(tmp_path: Path) -> None:
     assert result.verdict == "good" and result.exit_code == 0
     assert result.median is not None and result.median > 1.0
     assert not list(tmp_path.iterdir())  # logs of a clean run are not kept
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    """A hung command (and the child it started) is killed at --timeout: exit 125."""
+    pidfile = tmp_path / "grandchild.pid"
+    hang = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "while True: pass\n"
+    )
+    res = CliRunner().invoke(
+        cli,
+        ["check", "--until-ktoks", "1", "--timeout", "3", "--", sys.executable, "-c", hang],
+        standalone_mode=False,
+    )
+    assert res.return_value == 125
+    assert "cannot test: timeout after 3s" in res.stdout
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

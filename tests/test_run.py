@@ -249,17 +249,23 @@ def _wait_for(proc: subprocess.Popen[bytes], what: str, pred: Any, timeout: floa
 
 
 def _swap_open(sc: Scenario) -> bool:
+    """A swap is journaled and its new content written (the journal line comes first)."""
     root = sc.tmp / "session"
-    return (root / "journal.jsonl").exists() and bool(Session(root).journal.open_swaps())
+    if not (root / "journal.jsonl").exists() or not Session(root).journal.open_swaps():
+        return False
+    return sc.loose.read_bytes() == b"lr = 0.1\n"
 
 
-def test_ctrl_c_mid_trial_restores_everything_then_resume_finishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_mid_trial_restores_everything_then_resume_finishes(
+    tmp_path: Path, signum: int
+) -> None:
     sc = _env_culprit_scenario(tmp_path)
     before = sc.fingerprint()
     proc = _spawn(sc)
     _wait_for(proc, "a file swapped in place", lambda: _swap_open(sc))
     assert sc.loose.read_bytes() == b"lr = 0.1\n"  # the good content is in place right now
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     assert proc.wait(timeout=60) == 130
     assert "interrupted; files restored, session saved" in (tmp_path / "run.err").read_text()
     assert sc.fingerprint() == before
@@ -361,3 +367,25 @@ def test_env_culprit_through_a_layer_chain(tmp_path: Path) -> None:
     assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert "cannot be realized on a remote target" in doc["not_bisected"][f"files:{sc.loose}"]
     assert sc.fingerprint() == before
+
+
+@pytest.mark.parametrize("on_crash", ["bad", "skip"])
+def test_a_crashing_change_is_the_culprit_or_is_skipped(tmp_path: Path, on_crash: str) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv()
+    sc.write(
+        good={"env": {}},
+        bad={"env": {"EB_CRASH": "1", "EB_SLOW": "8"}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    res, doc = _run_cli(sc, "--on-crash", on_crash)
+    crashed = [t for t in doc["trials"] if t["failure"]]
+    assert crashed and all("simulated training crash" in t["failure"] for t in crashed)
+    if on_crash == "bad":
+        assert res.return_value == 0, res.output
+        assert [c["unit"] for c in doc["culprits"]] == ["env:EB_CRASH"]
+    else:
+        # The bad endpoint cannot be measured: nothing to bisect against.
+        assert res.return_value == 1
+        assert doc["outcome"] != "found"
