@@ -113,8 +113,8 @@ def command(
         )
         return 0
     options = RunOptions(
-        good=good_path,
-        bad=Path(bad) if bad else None,
+        good=good_path.absolute(),
+        bad=Path(bad).absolute() if bad else None,
         threshold=threshold,
         smoke=smoke,
         python=py,
