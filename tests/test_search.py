@@ -521,3 +521,26 @@ def test_ordered_member_of_an_interaction_bad_from_its_first_commit() -> None:
         assert evidence.bad.state == State.of(["u02", "u06"], {"u06": 0})
         # A one-item list needs no trial: its only item is the bad one.
         assert by_unit["u02"].first_bad == 0 and by_unit["u02"].items == ("00" * 20,)
+
+
+def test_a_smaller_slowdown_left_after_reverting_is_reported() -> None:
+    units = unit_names(8)
+
+    def two_multiplying_causes(state: State, n: int) -> Outcome:
+        speed = 12_000.0
+        if "u02" in state.applied:
+            speed /= 2.0  # e.g. a torch upgrade
+        if "u05" in state.applied:
+            speed /= 1.5  # e.g. a grown dataset
+        return Outcome(samples=(speed,) * n)
+
+    result = search(units, two_multiplying_causes)
+    assert result.outcome is SearchOutcome.FOUND
+    assert culprit_sets(result) == {frozenset({"u02"})}
+    assert "brings back 8000 tok/s, not the good state's 1.2e+04" in result.message
+
+    # With the caller's threshold just under the good speed both are slow, and find_all
+    # isolates both.
+    every = search(units, two_multiplying_causes, threshold=11_000.0, find_all=True)
+    assert culprit_sets(every) == {frozenset({"u02"}), frozenset({"u05"})}
+    assert "brings back" not in every.message

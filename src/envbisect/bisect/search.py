@@ -399,22 +399,25 @@ class _Engine:
         if self.caller_threshold is None:
             good, bad = self.records[State.of(())], self.records[State.of(self.all)]
             if good.samples and bad.samples and not bad.failure:
-                self.threshold, se = default_threshold(*self._levels(good, bad), noise)
+                self.threshold, se = default_threshold(*self._levels(good, bad, noise), noise)
         assert self.threshold is not None
         return Judge(self.threshold, noise, threshold_se=se)
 
-    def _levels(self, good: _Record, bad: _Record) -> tuple[list[float], list[float]]:
+    def _levels(self, good: _Record, bad: _Record, noise: Noise) -> tuple[list[float], list[float]]:
         """Samples at the good and at the bad speed: the endpoints', and every state's since
         judged good or bad. Pooling them refines the default threshold as the search goes:
         three unlucky samples of an endpoint would otherwise skew every later verdict."""
         fast, slow = list(good.samples), list(bad.samples)
         for rec in self.order:
-            if rec is good or rec is bad or rec.failure:
+            if rec is good or rec is bad or rec.failure or rec.verdict is Verdict.UNRESOLVED:
                 continue
-            if rec.verdict is Verdict.GOOD:
-                fast.extend(rec.samples)
-            elif rec.verdict is Verdict.BAD:
-                slow.extend(rec.samples)
+            level = good if rec.verdict is Verdict.GOOD else bad
+            # Only states at the endpoint's own speed: with several causes of different
+            # size, in-between speeds exist and must not drag the threshold along.
+            gap = abs(math.log(median(rec.samples)) - math.log(median(level.samples)))
+            se = math.hypot(noise.median_se(len(rec.samples)), noise.median_se(len(level.samples)))
+            if gap <= max(0.02, 2.5 * se):
+                (fast if level is good else slow).extend(rec.samples)
         return fast, slow
 
     def _decide(self, rec: _Record) -> Verdict:
@@ -771,6 +774,7 @@ class _Engine:
             self.culprits.append(Culprit(units, alone, without))
             self.culprits[-1] = Culprit(units, alone, without, self.narrow(core))
             if v is Verdict.GOOD:
+                notes.extend(self._shortfall(State.of(remainder)))
                 break
             if v is Verdict.UNRESOLVED:
                 notes.append("whether reverting the culprits restores speed is unresolved")
@@ -785,6 +789,22 @@ class _Engine:
         return self._result(
             SearchOutcome.FOUND, self._found_message(notes), candidates=(), restored=restored
         )
+
+    def _shortfall(self, restored: State) -> list[str]:
+        """A note when reverting the culprits is fast enough but clearly short of good."""
+        got, good = self.records[restored], self.records[State.of(())]
+        if not got.samples or got.failure:
+            return []
+        noise = self._noise()
+        gap = math.log(median(good.samples)) - math.log(median(got.samples))
+        se = math.hypot(noise.median_se(len(got.samples)), noise.median_se(len(good.samples)))
+        if gap <= max(0.05, 2.5 * se):
+            return []
+        return [
+            f"reverting it brings back {median(got.samples):.4g} tok/s, not the good state's "
+            f"{median(good.samples):.4g}: smaller slowdowns stay above the threshold "
+            "(a higher threshold and find_all would isolate them)"
+        ]
 
     def _found_message(self, notes: list[str]) -> str:
         names = "; ".join(" + ".join(c.units) for c in self.culprits)
