@@ -9,10 +9,11 @@ and the engine decides which states to measure:
    noise; more samples while either sits inside the noise band). If the full set is good,
    or ∅ is bad, or the two cannot be told apart, the outcome is ``NOT_REPRODUCED``.
 2. **Threshold.** The caller's, or the geometric mean of the endpoint medians — refined as
-   the search goes by pooling every state since judged good with the good endpoint and
-   every state judged bad with the bad one (three unlucky endpoint samples would otherwise
-   skew every later verdict). When the full set fails rather than runs slow, a state that
-   runs counts as slow below half the good speed. Verdicts: see ``envbisect.bisect.verdict``.
+   the search goes by pooling with each endpoint the states since judged at its speed (three
+   unlucky endpoint samples would otherwise skew every later verdict; in-between speeds,
+   from several causes of different size, are left out). When the full set fails rather
+   than runs slow, a state that runs counts as slow below half the good speed. Verdicts:
+   see ``envbisect.bisect.verdict``.
 3. **Isolation** with Zeller's dd (the isolating variant, "+/-" — tests ``pass ∪ Δi`` and
    ``fail \\ Δi``). With conclusive verdicts it is binary splitting: a good half moves the
    good side up (the cause lies in the other half, relative to a state proven good), a bad
@@ -26,7 +27,8 @@ and the engine decides which states to measure:
    last good state, until the collected units are bad together (each of them is needed:
    the set minus any one lies inside a state measured good). Then everything *but* the
    culprit must be good; if it is still slow another cause remains, which ``find_all=True``
-   goes on to isolate the same way.
+   goes on to isolate the same way (if it is fast enough but clearly short of the good
+   speed, the message says so).
 5. **Ambiguity** is reported with the smallest state proven slow (``candidates``): when the
    culprit alone cannot be built or judged, the search narrows the units it was slow with.
 6. **Ordered units** (a git repo with the commits between good and bad) found guilty are
