@@ -249,3 +249,27 @@ def test_caches_warm_is_a_copy_cold_is_empty_and_the_users_cache_is_untouched(
     (cache / "fx").rmdir()
     act2 = _actuator(tmp_path / "b", good, bad, "python3")
     assert "no longer holds files" in act2.blockers()["caches:inductor"]
+
+
+def test_local_version_labels_are_kept(tmp_path: Path, wheels: Path) -> None:
+    from tests.helpers_run import manifest
+
+    build_wheel(tmp_path / "w", "ebwork", "1.0+cu130", "WORK = 130\n")
+    target = make_venv(tmp_path / "target", wheels, "ebwork==1.0")
+    good = manifest(tmp_path / "m" / "good.yaml", packages={"ebwork": pkg("1.0+cu130")})
+    bad = manifest(tmp_path / "m" / "bad.yaml", packages={"ebwork": pkg("1.0")})
+    act = _actuator(
+        tmp_path,
+        good,
+        bad,
+        str(target / "bin" / "python"),
+        index_url=(tmp_path / "empty-index").as_uri(),
+        find_links=(str(tmp_path / "w"), str(wheels)),
+    )
+    with act.realize(frozenset(), {}, tmp_path / "t") as state:
+        assert state.failure is None, state.failure
+        out = _run(
+            state.python,
+            "import ebwork, importlib.metadata as m; print(ebwork.WORK, m.version('ebwork'))",
+        )
+        assert out == "130 1.0+cu130"
