@@ -6,7 +6,8 @@ that state (or reports why it could not: ``"build: ..."``, ``"crash: ..."``, ``"
 and the engine decides which states to measure:
 
 1. **Endpoints.** ∅ and the full set, each with at least 3 samples (this also estimates the
-   noise; more samples while either sits inside the noise band). If the full set is good,
+   noise; more samples while either sits inside the noise band, or while the default
+   threshold is loose next to the gap). If the full set is good,
    or ∅ is bad, or the two cannot be told apart, the outcome is ``NOT_REPRODUCED``.
 2. **Threshold.** The caller's, or the geometric mean of the endpoint medians — refined as
    the search goes by pooling with each endpoint the states since judged at its speed (three
