@@ -283,3 +283,19 @@ def test_snapshot_survives_a_10_mb_flood_before_the_agent(
     b = take_snapshot(config, noisy, sys.executable, log_dir=tmp_path / "b", timeout_s=120)
     assert _comparable(b.sections) == _comparable(a.sections)
     assert (tmp_path / "b" / "snapshot.stdout").stat().st_size > 10 * 1024 * 1024
+
+
+def test_with_env_reaches_the_far_process(sshd_server: SshServer, tmp_path: Path) -> None:  # noqa: F811
+    transport = Transport.from_specs([sshd_server.via, "pct exec 200 --"]).with_env(
+        {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "ODD": "it's $(x)\n"}
+    )
+    program = (
+        b"import os, sys\n"
+        b"sys.stdout.write(repr((os.environ.get('PYTORCH_CUDA_ALLOC_CONF'), "
+        b"os.environ.get('ODD'))))\n"
+    )
+    result = transport.run([sys.executable, "-"], stdin=program, log_dir=tmp_path, timeout_s=60)
+    assert result.stdout().decode() == repr(("expandable_segments:True", "it's $(x)\n"))
+    with pytest.raises(TransportError, match="cannot be passed on"):
+        Transport().with_env({"A-B": "1"})
+    assert Transport().with_env({}) == Transport()

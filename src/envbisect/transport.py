@@ -36,7 +36,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -614,6 +614,17 @@ class Transport:
         if isinstance(via, str):
             raise TypeError("from_specs takes a sequence of layer strings, not one string")
         return cls(tuple(parse_layer(text) for text in via))
+
+    def with_env(self, env: Mapping[str, str]) -> Transport:
+        """This chain plus an innermost ``env NAME=value ...`` layer, so the variables reach
+        the far process (``run(env=...)`` only sets the environment of the first hop)."""
+        if not env:
+            return self
+        bad = [name for name in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]
+        if bad:
+            raise TransportError(f"environment variable name {bad[0]!r} cannot be passed on")
+        words = ("env", *(f"{name}={value}" for name, value in sorted(env.items())))
+        return Transport((*self.layers, Layer(words, LayerKind.ARGV)))
 
     def compose(self, argv: Sequence[str]) -> list[str]:
         """Fold from the innermost layer outwards; the result runs with no local shell."""
