@@ -544,3 +544,17 @@ def test_a_smaller_slowdown_left_after_reverting_is_reported() -> None:
     every = search(units, two_multiplying_causes, threshold=11_000.0, find_all=True)
     assert culprit_sets(every) == {frozenset({"u02"}), frozenset({"u05"})}
     assert "brings back" not in every.message
+
+
+def test_everything_but_the_culprit_failing_is_said_plainly() -> None:
+    units = unit_names(8)
+
+    def u01_slow_u06_crashes_without_u01(state: State, n: int) -> Outcome:
+        if "u06" in state.applied and "u01" not in state.applied and len(state.applied) > 4:
+            return Outcome(failure="crash: segfault")
+        speed = 4_000.0 if "u01" in state.applied else 12_000.0
+        return Outcome(samples=(speed,) * n)
+
+    result = search(units, u01_slow_u06_crashes_without_u01)
+    assert culprit_sets(result) == {frozenset({"u01"})}
+    assert "everything but it fails too (crash: segfault)" in result.message

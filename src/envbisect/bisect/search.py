@@ -783,9 +783,12 @@ class _Engine:
                 notes.append("whether reverting the culprits restores speed is unresolved")
                 break
             if not self.find_all:
+                failure = self.records[State.of(remainder)].failure
                 notes.append(
-                    "reverting it alone does not restore speed: other changes slow it down "
-                    "too (search with find_all to isolate them)"
+                    f"everything but it fails too ({failure}): search with find_all to isolate why"
+                    if failure
+                    else "reverting it alone does not restore speed: other changes slow it "
+                    "down too (search with find_all to isolate them)"
                 )
                 break
             bad = remainder
