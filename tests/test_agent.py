@@ -123,6 +123,34 @@ def test_the_far_side_exits_at_its_deadline() -> None:
     assert time.monotonic() - start < 50
 
 
+def test_at_its_deadline_the_agent_takes_the_workers_it_started_along(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    program = _program(
+        "import subprocess as _sp\n"
+        "_w = _sp.Popen(['sleep', '300'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(_w.pid))\n"
+        "_time.sleep(60)\n",
+        deadline_s=1.0,
+    )
+    # Transport.run starts the agent in a new session, so it leads its process group. (The
+    # _run() calls above share pytest's group: there the agent must and does leave it alone.)
+    result = Transport().run([sys.executable, "-"], stdin=program, timeout_s=60, log_dir=tmp_path)
+    assert result.returncode == channel.EXIT_DEADLINE
+    worker = int(pid_file.read_text())
+    end = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
 def test_the_far_side_exits_when_its_stdout_breaks(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
     proc = subprocess.Popen(

@@ -113,7 +113,9 @@ def _remote_sleeper(pid_file: Path, deadline_s: float | None) -> tuple[bytes, st
         source
         + "\nimport os as _os, time as _time\n"
         + f"open_channel({nonce!r}, {deadline_s!r}, heartbeat_s=0.5)\n"
-        + f"open({str(pid_file)!r}, 'w').write(str(_os.getpid()))\n"
+        + "import subprocess as _sp\n"
+        + "_worker = _sp.Popen(['sleep', '300'])\n"
+        + f"open({str(pid_file)!r}, 'w').write('%d %d' % (_os.getpid(), _worker.pid))\n"
         + "_time.sleep(120)\n"
         + "emit({'slept': True})\n"
     )
@@ -149,17 +151,17 @@ def test_killing_the_ssh_client_ends_the_far_python(
     client.stdin.write(program)
     client.stdin.close()
     _wait_for(pid_file, 30)
-    far = int(pid_file.read_text())
-    assert far != client.pid and _alive(far)
+    far, worker = (int(p) for p in pid_file.read_text().split())
+    assert far != client.pid and _alive(far) and _alive(worker)
     client.send_signal(signal.SIGKILL)
     client.wait()
     end = time.monotonic() + 10
-    while _alive(far) and time.monotonic() < end:
+    while (_alive(far) or _alive(worker)) and time.monotonic() < end:
         time.sleep(0.1)
-    alive = _alive(far)
-    if alive:
-        os.kill(far, signal.SIGKILL)
-    assert not alive, "the far python outlived its ssh client"
+    left = [pid for pid in (far, worker) if _alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the far python or its worker outlived the ssh client"
 
 
 def test_far_agent_exits_at_its_own_deadline(
@@ -175,7 +177,12 @@ def test_far_agent_exits_at_its_own_deadline(
     assert result.returncode == 124
     assert "deadline of 1s reached" in result.stderr_path.read_text()
     assert find_frame(result.stdout(), nonce) is None
-    assert not _alive(int(pid_file.read_text()))
+    far, worker = (int(p) for p in pid_file.read_text().split())
+    assert not _alive(far)
+    end = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not _alive(worker)
 
 
 def test_print_command_line_runs_through_ssh_when_pasted_into_bash(

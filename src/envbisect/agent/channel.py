@@ -8,7 +8,9 @@ a per-call nonce, as base64 of JSON. Noise cannot corrupt it and a ``tail`` cann
 
 The channel also keeps the agent from outliving its caller: a watchdog exits at the
 deadline, and a heartbeat (a bare newline, ignored by the reader) exits as soon as the real
-stdout is broken -- which is what happens when an ssh or container layer dies.
+stdout is broken -- which is what happens when an ssh or container layer dies. On either
+exit, the rest of the agent's process group (workers it started) is killed too, when the
+agent leads that group (it does under ssh and under a local run).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -34,12 +37,39 @@ def _write(data):
         view = view[n:]
 
 
+def _end_own_group():
+    """SIGKILL the rest of our process group when we lead it (e.g. compile workers we
+    started), so that exiting leaves nothing running on the far side. Linux /proc only."""
+    me = os.getpid()
+    try:
+        if os.getpgrp() != me:
+            return  # not our group to end: the caller's own processes may share it
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/" + name + "/stat") as f:
+                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
+            if pgrp == me:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def _exit(code):
+    _end_own_group()
+    os._exit(code)
+
+
 def _watchdog(deadline_s):
     time.sleep(deadline_s)
     if not _state["done"]:
         sys.stderr.write(f"envbisect agent: deadline of {deadline_s:.0f}s reached, exiting\n")
         sys.stderr.flush()
-        os._exit(EXIT_DEADLINE)
+        _exit(EXIT_DEADLINE)
 
 
 def _heartbeat(interval_s):
@@ -51,7 +81,7 @@ def _heartbeat(interval_s):
             try:
                 _write(b"\n")
             except OSError:
-                os._exit(EXIT_BROKEN_PIPE)
+                _exit(EXIT_BROKEN_PIPE)
 
 
 def open_channel(nonce, deadline_s=None, heartbeat_s=2.0):
