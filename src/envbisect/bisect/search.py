@@ -630,8 +630,20 @@ class _Engine:
         """A minimal set of units that is bad alone, inside the bad set ``bad``."""
         core = self.core = frozenset()
         pool = bad
+        # Start from the largest state inside `bad` already measured good (after a first
+        # culprit, that skips what its search already cleared).
+        start = max(
+            (
+                r.state.applied
+                for r in self.order
+                if r.verdict is Verdict.GOOD and not r.state.positions and r.state.applied < bad
+            ),
+            key=len,
+            default=frozenset(),
+        )
         while True:
-            passing, failing = self.dd(core, core | pool, "isolate")
+            passing, failing = self.dd(core | start, core | pool, "isolate")
+            start = frozenset()
             delta = failing - passing
             if len(delta) != 1 and self.too_noisy:
                 raise _Ambiguous(
