@@ -558,3 +558,25 @@ def test_everything_but_the_culprit_failing_is_said_plainly() -> None:
     result = search(units, u01_slow_u06_crashes_without_u01)
     assert culprit_sets(result) == {frozenset({"u01"})}
     assert "everything but it fails too (crash: segfault)" in result.message
+
+
+def test_replay_of_a_partial_session_measures_only_the_rest() -> None:
+    done = search(make_oracle(32, seed=12).units, make_oracle(32, seed=12))
+    replay = {t.state: Outcome(samples=t.samples) for t in done.trials[:4]}
+    oracle = Recording(make_oracle(32, seed=12))
+    again = search(oracle.inner.units, oracle, replay=replay)
+    assert culprit_sets(again) == culprit_sets(done)
+    assert {s for s, _ in oracle.calls} == {t.state for t in done.trials[4:]}
+
+
+def test_budget_spent_in_a_later_round_keeps_the_first_culprit() -> None:
+    oracle = make_oracle(16, "independent", seed=3)
+    full = search(oracle.units, make_oracle(16, "independent", seed=3), find_all=True)
+    first_round = next(i for i, t in enumerate(full.trials) if t.purpose == "confirm: without")
+    result = search(oracle.units, oracle, find_all=True, max_trials=first_round + 2)
+    assert result.outcome is SearchOutcome.ABORTED
+    (culprit,) = result.culprits
+    assert frozenset(culprit.units) in oracle.causes
+    assert "found so far: culprit: " in result.message
+    (other,) = set(oracle.causes) - {frozenset(culprit.units)}
+    assert other <= set(result.candidates)
