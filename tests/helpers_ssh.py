@@ -10,6 +10,7 @@ Tests that need it skip with a reason when sshd is not installed (``.ci/run`` in
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shlex
@@ -189,6 +190,9 @@ def sshd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]
 
 CANARY_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / f"envbisect-canary-{os.getpid()}"
 CANARY = CANARY_DIR / "PWNED"
+# Made now, so that a mis-quoted `touch` anywhere (a real shell test too) leaves a trace.
+CANARY_DIR.mkdir(exist_ok=True)
+atexit.register(shutil.rmtree, CANARY_DIR, True)
 
 # Pieces that a shell anywhere in the chain would act on if a word were mis-quoted.
 ADVERSARIAL = [
