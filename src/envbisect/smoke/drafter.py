@@ -1,0 +1,1066 @@
+"""The built-in smoke test: training steps of a DFlash block-diffusion drafter.
+
+Self-contained (stdlib + torch, Python 3.8+ syntax) so that it can be shipped on stdin to the
+*target* Python, where envbisect is not installed. Three ways to run it:
+
+* as an agent: ``Transport().run_agent(python, "envbisect.smoke.drafter", params)``;
+* ``python -m envbisect.smoke.drafter [flags]``;
+* ``python path/to/drafter.py [flags]``.
+
+Each run yields one JSON result (see ``RESULT_KEYS``), delivered as the agent frame, as one
+stdout line ``ENVBISECT_RESULT {json}`` and into the file named by ``$ENVBISECT_RESULT``.
+Progress goes to stderr. A crash (OOM, compile error, the FX-flag RuntimeError) is a result
+with ``ok: false``, never only a traceback.
+
+The workload follows the published DFlash recipe: Qwen3-style decoder layers (RMSNorm,
+q/k-norm, RoPE, grouped-query attention, SwiGLU) with non-causal attention; hidden states of
+several target layers (random stand-ins) are concatenated, projected by ``fc`` and normalised;
+in every layer K/V = cat(context, noise block) and Q comes from the noise block only. Each
+anchor opens a block of ``block_size`` slots (slot 0 the anchor token, the rest MASK); a block
+sees context strictly before its anchor and its own block bidirectionally. Slot k predicts
+token anchor+k with weight exp(-(k-1)/gamma). Embedding and lm_head are frozen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import traceback
+import warnings
+
+RESULT_PREFIX = "ENVBISECT_RESULT "
+RESULT_ENV = "ENVBISECT_RESULT"
+SCHEMA = "envbisect/smoke@1"
+
+# Keys every result carries (values may be null when a run failed before knowing them).
+RESULT_KEYS = (
+    "schema",
+    "ok",
+    "error",
+    "tok_per_s",
+    "warmup_s",
+    "step_s",
+    "mfu",
+    "tflops",
+    "device",
+    "attn",
+    "compile",
+    "torch",
+    "triton",
+    "preset",
+    "dims",
+    "dynamo",
+    "flex_fallback",
+    "fx_tracing",
+    "memory",
+    "env",
+    "inductor_cache",
+    "threads",
+    "data",
+    "loss",
+    "elapsed_s",
+)
+
+# Dense bf16 tensor-core peaks (no sparsity), by device-name substring.
+BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0))
+
+PRESETS = {
+    # CPU: a couple of small layers, seconds end to end.
+    "tiny": {
+        "hidden": 256,
+        "layers": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "head_dim": 64,
+        "intermediate": 768,
+        "vocab": 4096,
+        "target_layers": 3,
+        "seq_len": 256,
+        "anchors": 16,
+        "batch": 2,
+        "warmup": 3,
+        "steps": 10,
+        "loss_chunk": 512,
+    },
+    # Drafter of a Qwen3-8B target: H=4096, 32/8 heads of 128, 5 layers, 5 target layers.
+    "h200": {
+        "hidden": 4096,
+        "layers": 5,
+        "heads": 32,
+        "kv_heads": 8,
+        "head_dim": 128,
+        "intermediate": 12288,
+        "vocab": 151936,
+        "target_layers": 5,
+        "seq_len": 3072,
+        "anchors": 512,
+        "batch": 2,
+        "warmup": 3,
+        "steps": 8,
+        "loss_chunk": 4096,
+    },
+}
+
+DEFAULTS = {
+    "preset": "auto",
+    "device": "auto",
+    "attn": "auto",
+    "compile": None,  # None: on for CUDA, off for CPU
+    "compile_backend": "inductor",
+    "compile_mode": None,
+    "vary_shapes": False,
+    "data": None,
+    "drafter_threads": 1,
+    "seed": 0,
+    "block_size": 16,
+    "gamma": 7.0,
+    "lr": 3e-4,
+    "dtype": "auto",
+    "peak_tflops": None,
+    "cuda_graphs": False,
+}
+
+ENV_REPORTED = (
+    "TORCH_COMPILE_DISABLE",
+    "TORCHDYNAMO_DISABLE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_ALLOC_CONF",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TORCHINDUCTOR_FORCE_DISABLE_CACHES",
+    "TRITON_CACHE_DIR",
+    "OMP_NUM_THREADS",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ATEN_CPU_CAPABILITY",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+_FLEX_EAGER_CALLS = [0]  # flex_attention calls that ran outside a compiled graph
+
+
+def log(msg):
+    sys.stderr.write(f"[smoke] {msg}\n")
+    sys.stderr.flush()
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def resolve_params(params, cuda_available):
+    """Merge defaults, the preset and explicit params; fill the 'auto' choices."""
+    p = dict(DEFAULTS)
+    p.update({k: v for k, v in params.items() if v is not None})
+    device = p["device"]
+    if device == "auto":
+        device = "cuda" if cuda_available else "cpu"
+    if device.startswith("cuda") and not cuda_available:
+        raise ValueError(f"device {device!r} asked for but torch sees no CUDA device")
+    p["device"] = device
+    on_gpu = device.startswith("cuda")
+    preset = p["preset"]
+    if preset == "auto":
+        preset = "h200" if on_gpu else "tiny"
+    if preset not in PRESETS:
+        raise ValueError(
+            "unknown preset {!r} (choose from auto, {})".format(preset, ", ".join(PRESETS))
+        )
+    p["preset"] = preset
+    for key, value in PRESETS[preset].items():
+        if params.get(key) is None:
+            p[key] = value
+    if p["attn"] == "auto":
+        p["attn"] = "flex" if on_gpu else "sdpa"
+    if p["attn"] not in ("flex", "sdpa", "flex-eager"):
+        raise ValueError(
+            "unknown attention backend {!r} (flex, sdpa, flex-eager)".format(p["attn"])
+        )
+    if p["compile"] is None:
+        p["compile"] = on_gpu
+    if p["attn"] == "flex-eager":
+        p["compile"] = False
+    if p["dtype"] == "auto":
+        p["dtype"] = "bfloat16" if on_gpu else "float32"
+    for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+        if int(p[key]) < 1:
+            raise ValueError(f"{key} must be >= 1")
+    if p["heads"] % p["kv_heads"]:
+        raise ValueError(f"heads ({p['heads']}) must be a multiple of kv_heads ({p['kv_heads']})")
+    if p["seq_len"] < 2 * p["block_size"]:
+        raise ValueError("seq_len must be at least 2 * block_size")
+    if int(p["drafter_threads"]) < 1:
+        raise ValueError("drafter_threads must be >= 1")
+    return p
+
+
+def read_lengths(path):
+    """Sequence lengths of a JSONL dataset: ``length``/``num_tokens``, or the size of
+    ``input_ids``/``tokens``, or the word count of ``text``."""
+    lengths = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: not a JSON object") from None
+            n = None
+            if isinstance(rec, dict):
+                for key in ("length", "num_tokens"):
+                    if isinstance(rec.get(key), int):
+                        n = rec[key]
+                        break
+                if n is None:
+                    for key in ("input_ids", "tokens"):
+                        if isinstance(rec.get(key), list):
+                            n = len(rec[key])
+                            break
+                if n is None and isinstance(rec.get("text"), str):
+                    n = len(rec["text"].split())
+            if n is None:
+                raise ValueError(
+                    f"{path}:{lineno}: no length, num_tokens, input_ids, tokens or text"
+                )
+            lengths.append(int(n))
+    if not lengths:
+        raise ValueError(f"{path}: no records")
+    return lengths
+
+
+class ShapePlan:
+    """Per-step sequence length and anchor count: fixed, varied, or driven by a dataset."""
+
+    def __init__(self, p, lengths=None):
+        self.p = p
+        self.rng = random.Random(p["seed"] + 1)
+        self.lengths = lengths
+        self.pos = 0
+        bs = p["block_size"]
+        self.density = float(p["anchors"]) / p["seq_len"]
+        lo = max(2 * bs, (p["seq_len"] // 2) // bs * bs)
+        self.choices = list(range(lo, p["seq_len"] + 1, bs))
+
+    def anchors_for(self, length):
+        bs = self.p["block_size"]
+        n = int(round(length * self.density))
+        return max(1, min(n, length - bs))
+
+    def next(self):
+        """(padded length, anchors, real tokens in the batch) for the next step."""
+        p, bs = self.p, self.p["block_size"]
+        if self.lengths is not None:
+            batch = []
+            for _ in range(p["batch"]):
+                batch.append(self.lengths[self.pos % len(self.lengths)])
+                self.pos += 1
+            batch = [max(2 * bs, n) for n in batch]
+            length = max(batch)
+            return length, self.anchors_for(length), sum(batch)
+        if p["vary_shapes"]:
+            length = self.rng.choice(self.choices)
+            return length, self.anchors_for(length), length * p["batch"]
+        return p["seq_len"], p["anchors"], p["seq_len"] * p["batch"]
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def build_model_classes(torch):
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(dim))
+            self.eps = eps
+
+        def forward(self, x):
+            xf = x.float()
+            xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (xf * self.weight.float()).to(x.dtype)
+
+    def rope(x, pos, inv_freq):
+        # x: (B, L, h, d); pos: (B, L)
+        freqs = pos.unsqueeze(-1).float() * inv_freq  # (B, L, d/2)
+        cos = torch.cos(freqs).unsqueeze(2)
+        sin = torch.sin(freqs).unsqueeze(2)
+        x1, x2 = x.float().chunk(2, dim=-1)
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return out.to(x.dtype)
+
+    class Attention(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            h, nh, nkv, hd = p["hidden"], p["heads"], p["kv_heads"], p["head_dim"]
+            self.nh, self.nkv, self.hd = nh, nkv, hd
+            self.q_proj = nn.Linear(h, nh * hd, bias=False)
+            self.k_proj = nn.Linear(h, nkv * hd, bias=False)
+            self.v_proj = nn.Linear(h, nkv * hd, bias=False)
+            self.o_proj = nn.Linear(nh * hd, h, bias=False)
+            self.q_norm = RMSNorm(hd)
+            self.k_norm = RMSNorm(hd)
+
+        def forward(self, x, ctx, q_pos, k_pos, inv_freq, attend):
+            b, t, _ = x.shape
+            s = ctx.shape[1]
+            q = self.q_norm(self.q_proj(x).view(b, t, self.nh, self.hd))
+            kv_in = torch.cat([ctx, x], dim=1)  # KV injection: context, then the noise blocks
+            k = self.k_norm(self.k_proj(kv_in).view(b, s + t, self.nkv, self.hd))
+            v = self.v_proj(kv_in).view(b, s + t, self.nkv, self.hd)
+            q = rope(q, q_pos, inv_freq).transpose(1, 2)
+            k = rope(k, k_pos, inv_freq).transpose(1, 2)
+            v = v.transpose(1, 2)
+            o = attend(q, k, v)  # (b, nh, t, hd)
+            return self.o_proj(o.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+
+    class MLP(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.gate_proj = nn.Linear(p["hidden"], p["intermediate"], bias=False)
+            self.up_proj = nn.Linear(p["hidden"], p["intermediate"], bias=False)
+            self.down_proj = nn.Linear(p["intermediate"], p["hidden"], bias=False)
+
+        def forward(self, x):
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    class DecoderLayer(nn.Module):
+        def __init__(self, p):
+            super().__init__()
+            self.input_layernorm = RMSNorm(p["hidden"])
+            self.self_attn = Attention(p)
+            self.post_attention_layernorm = RMSNorm(p["hidden"])
+            self.mlp = MLP(p)
+
+        def forward(self, x, ctx, q_pos, k_pos, inv_freq, attend):
+            x = x + self.self_attn(self.input_layernorm(x), ctx, q_pos, k_pos, inv_freq, attend)
+            return x + self.mlp(self.post_attention_layernorm(x))
+
+    class Drafter(nn.Module):
+        """Trainable part: fc + hidden_norm, the decoder layers and the final norm."""
+
+        def __init__(self, p):
+            super().__init__()
+            h = p["hidden"]
+            self.fc = nn.Linear(p["target_layers"] * h, h, bias=False)
+            self.hidden_norm = RMSNorm(h)
+            self.layers = nn.ModuleList([DecoderLayer(p) for _ in range(p["layers"])])
+            self.norm = RMSNorm(h)
+            hd = p["head_dim"]
+            inv = 1.0 / (1000000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+        def forward(self, noise_emb, target_hidden, q_pos, k_pos, attend):
+            ctx = self.hidden_norm(self.fc(target_hidden))
+            x = noise_emb
+            for layer in self.layers:
+                x = layer(x, ctx, q_pos, k_pos, self.inv_freq, attend)
+            return self.norm(x)
+
+    return Drafter
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def dflash_mask_dense(torch, anchors, ctx_len, block_size):
+    """Boolean (B, T, S+T) mask, True = may attend. T = anchors * block_size.
+
+    Query slot q belongs to block q // block_size; it sees context positions strictly
+    before that block's anchor and every slot of its own block, nothing of other blocks.
+    """
+    b, n = anchors.shape
+    t = n * block_size
+    q_block = torch.arange(t, device=anchors.device) // block_size  # (T,)
+    kv = torch.arange(ctx_len + t, device=anchors.device)  # (S+T,)
+    anchor_of_q = anchors[:, q_block]  # (B, T)
+    ctx_ok = (kv[None, None, :] < ctx_len) & (kv[None, None, :] < anchor_of_q[:, :, None])
+    kv_block = (kv - ctx_len).clamp(min=0) // block_size
+    own = (kv[None, :] >= ctx_len) & (kv_block[None, :] == q_block[:, None])  # (T, S+T)
+    return ctx_ok | own[None]
+
+
+def dflash_mask_mod(anchors, ctx_len, block_size):
+    """The same mask as a flex_attention mask_mod."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        blk = q_idx // block_size
+        in_ctx = kv_idx < ctx_len
+        before_anchor = kv_idx < anchors[b, blk]
+        own = (kv_idx - ctx_len) // block_size == blk
+        return (in_ctx & before_anchor) | (~in_ctx & own)
+
+    return mask_mod
+
+
+def attended_pairs(anchors, block_size):
+    """Number of (query, key) pairs the mask lets through, summed over the batch."""
+    # a block with anchor a: block_size queries x (a context keys + block_size own keys)
+    return int((anchors.sum().item() + anchors.numel() * block_size) * block_size)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def make_chunk_loss(torch):
+    def chunk_loss(h, weight, labels, wts):
+        """Weighted CE of one chunk and its gradient w.r.t. h (lm_head is frozen)."""
+        logits = (h @ weight.t()).float()
+        lse = torch.logsumexp(logits, dim=-1)
+        tgt = logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+        loss = ((lse - tgt) * wts).sum()
+        probs = torch.exp(logits - lse.unsqueeze(1))
+        onehot = torch.zeros_like(probs).scatter_(1, labels.unsqueeze(1), 1.0)
+        grad_logits = ((probs - onehot) * wts.unsqueeze(1)).to(h.dtype)
+        return loss, grad_logits @ weight
+
+    return chunk_loss
+
+
+def make_linear_ce(torch, chunk_fn, chunk):
+    """Chunked, fused lm_head + weighted cross-entropy: never holds all logits at once.
+
+    The gradient w.r.t. the hidden states is computed chunk by chunk in the forward pass
+    (the lm_head weight needs none), so the FLOPs are exactly fwd + input-grad matmuls.
+    """
+
+    class LinearCE(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h, weight, labels, wts):
+            n = h.shape[0]
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            grad = torch.empty_like(h)
+            for i in range(0, n, chunk):
+                loss_i, grad_i = chunk_fn(
+                    h[i : i + chunk], weight, labels[i : i + chunk], wts[i : i + chunk]
+                )
+                total = total + loss_i
+                grad[i : i + chunk] = grad_i
+            norm = wts.sum()
+            ctx.save_for_backward(grad, norm)
+            return total / norm
+
+        @staticmethod
+        def backward(ctx, g):
+            grad, norm = ctx.saved_tensors
+            return grad * (g / norm).to(grad.dtype), None, None, None
+
+    return LinearCE.apply
+
+
+# ----------------------------------------------------------------------------- one drafter
+
+
+class Trainer:
+    """One drafter with its optimizer, batches and step function."""
+
+    def __init__(self, torch, p, index=0, lengths=None):
+        self.torch = torch
+        self.p = p
+        self.index = index
+        self.device = torch.device(p["device"])
+        self.on_gpu = self.device.type == "cuda"
+        self.dtype = getattr(torch, p["dtype"])
+        torch.manual_seed(p["seed"] + index)
+        self.gen = torch.Generator(device=self.device)
+        self.gen.manual_seed(p["seed"] * 1000 + index)
+        Drafter = build_model_classes(torch)
+        self.model = Drafter(p).to(self.device)
+        # Frozen embedding and lm_head of the target, kept in the compute dtype.
+        h, v = p["hidden"], p["vocab"]
+        self.embed = (torch.randn(v, h, generator=self.gen, device=self.device) * 0.02).to(
+            self.dtype
+        )
+        self.lm_head = (torch.randn(v, h, generator=self.gen, device=self.device) * 0.02).to(
+            self.dtype
+        )
+        self.mask_token = v - 1
+        opt_kw = {"lr": p["lr"], "weight_decay": 0.0}
+        if self.on_gpu:
+            opt_kw["fused"] = True
+        self.opt = torch.optim.AdamW(self.model.parameters(), **opt_kw)
+        self.shapes = ShapePlan(dict(p, seed=p["seed"] + index), lengths)
+        bs, gamma = p["block_size"], p["gamma"]
+        self.slot_w = torch.tensor(
+            [math.exp(-(k - 1) / gamma) for k in range(1, bs)],
+            dtype=torch.float32,
+            device=self.device,
+        )
+        chunk_fn = make_chunk_loss(torch)
+        self.forward = self.model
+        if p["compile"]:
+            kw = {"backend": p["compile_backend"]}
+            if p["compile_mode"]:
+                kw["mode"] = p["compile_mode"]
+            self.forward = torch.compile(self.model, **kw)
+            chunk_fn = torch.compile(chunk_fn, **kw)
+        self.linear_ce = make_linear_ce(torch, chunk_fn, int(p["loss_chunk"]))
+        self.attend_factory = self._attention_factory()
+        self.fixed_batch = None
+
+    # -- attention backends
+    def _attention_factory(self):
+        torch, p = self.torch, self.p
+        F = torch.nn.functional
+        bs = p["block_size"]
+        gqa = p["heads"] != p["kv_heads"]
+        rep = p["heads"] // p["kv_heads"]
+
+        if p["attn"] == "sdpa":
+
+            def factory(anchors, ctx_len):
+                mask = dflash_mask_dense(torch, anchors, ctx_len, bs).unsqueeze(1)
+
+                def attend(q, k, v):
+                    if gqa:
+                        k = k.repeat_interleave(rep, dim=1)
+                        v = v.repeat_interleave(rep, dim=1)
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+                return attend
+
+            return factory
+
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled_mask = bool(p["compile"])
+
+        def factory(anchors, ctx_len):
+            b, n = anchors.shape
+            t = n * bs
+            mod = dflash_mask_mod(anchors, ctx_len, bs)
+            kw = {"device": anchors.device}
+            if compiled_mask:
+                kw["_compile"] = True
+            try:
+                block_mask = create_block_mask(mod, b, None, t, ctx_len + t, **kw)
+            except TypeError:  # older torch without _compile
+                kw.pop("_compile", None)
+                block_mask = create_block_mask(mod, b, None, t, ctx_len + t, **kw)
+
+            def attend(q, k, v):
+                if not torch.compiler.is_compiling():
+                    _FLEX_EAGER_CALLS[0] += 1  # the unfused path: scores materialized
+                if gqa:
+                    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+                return flex_attention(q, k, v, block_mask=block_mask)
+
+            return attend
+
+        return factory
+
+    # -- batches
+    def make_batch(self, length, n_anchors):
+        """Random tokens, target hidden states and sampled anchors for one step."""
+        torch, p, dev, g = self.torch, self.p, self.device, self.gen
+        b, bs, v = p["batch"], p["block_size"], p["vocab"]
+        tokens = torch.randint(0, v - 1, (b, length), device=dev, generator=g)
+        hidden = torch.randn(
+            b, length, p["target_layers"] * p["hidden"], device=dev, generator=g, dtype=self.dtype
+        )
+        # anchors among valid positions 1 .. length-bs (a full block must fit), sorted
+        scores = torch.rand(b, length - bs, device=dev, generator=g)
+        anchors = scores.topk(n_anchors, dim=1).indices.sort(dim=1).values + 1
+        slots = torch.arange(bs, device=dev)
+        pos = anchors.unsqueeze(-1) + slots  # (b, n, bs)
+        noise_ids = torch.full((b, n_anchors, bs), self.mask_token, device=dev, dtype=torch.long)
+        noise_ids[:, :, 0] = tokens.gather(1, anchors)
+        labels = tokens.gather(1, pos[:, :, 1:].reshape(b, -1)).reshape(b, n_anchors, bs - 1)
+        return {
+            "length": length,
+            "anchors": anchors,
+            "hidden": hidden,
+            "noise_ids": noise_ids.reshape(b, -1),
+            "q_pos": pos.reshape(b, -1),
+            "k_pos": torch.cat(
+                [torch.arange(length, device=dev).expand(b, length), pos.reshape(b, -1)], dim=1
+            ),
+            "labels": labels,
+        }
+
+    def step(self, batch):
+        """One optimizer step; returns the loss tensor (not synchronized)."""
+        torch, p = self.torch, self.p
+        b, bs = p["batch"], p["block_size"]
+        attend = self.attend_factory(batch["anchors"], batch["length"])
+        noise_emb = self.embed[batch["noise_ids"]]
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else _null_ctx()
+        with ctx:
+            out = self.forward(noise_emb, batch["hidden"], batch["q_pos"], batch["k_pos"], attend)
+        n = batch["anchors"].shape[1]
+        h = out.view(b, n, bs, -1)[:, :, 1:, :].reshape(-1, out.shape[-1]).to(self.dtype)
+        wts = self.slot_w.repeat(b * n)
+        loss = self.linear_ce(h, self.lm_head, batch["labels"].reshape(-1), wts)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def flops(self, batch):
+        """Counted training FLOPs of one step (matmuls and attention; see module notes)."""
+        p = self.p
+        b, length, bs = p["batch"], batch["length"], p["block_size"]
+        n = batch["anchors"].shape[1]
+        t = n * bs
+        h, nh, nkv, hd, inter = (
+            p["hidden"],
+            p["heads"],
+            p["kv_heads"],
+            p["head_dim"],
+            p["intermediate"],
+        )
+        fc = 2.0 * b * length * p["target_layers"] * h * h
+        per_layer = 2.0 * b * t * h * nh * hd * 2  # q_proj, o_proj
+        per_layer += 2.0 * b * (length + t) * h * nkv * hd * 2  # k_proj, v_proj on ctx + noise
+        per_layer += 2.0 * b * t * h * inter * 3  # SwiGLU
+        attn = 4.0 * hd * nh * attended_pairs(batch["anchors"], bs)
+        lm = 2.0 * b * n * (bs - 1) * h * p["vocab"]
+        # trainable matmuls: fwd + 2x bwd; fc sees no input grad; lm_head frozen: input grad only
+        return 3.0 * p["layers"] * (per_layer + attn) + 2.0 * fc + 2.0 * lm
+
+
+class _null_ctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def _sync(torch, device):
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _percentile(values, q):
+    s = sorted(values)
+    if not s:
+        return None
+    k = (len(s) - 1) * q
+    lo, hi = int(math.floor(k)), int(math.ceil(k))
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _error_dict(exc):
+    msg = str(exc).strip().splitlines()
+    return {"class": type(exc).__name__, "message": (msg[0] if msg else "")[:500]}
+
+
+def _run_trainer(torch, tr, p, barrier, out):
+    """Warm-up then timed steps of one trainer; fills ``out`` (also on error)."""
+    dev = p["device"]
+    out.update({"warmup_s": None, "step_times": [], "tokens": 0, "flops": 0.0, "losses": []})
+    stage = "warmup"
+    try:
+        t0 = time.perf_counter()
+        for i in range(int(p["warmup"])):
+            length, n, _ = tr.shapes.next()
+            loss = tr.step(tr.make_batch(length, n))
+            out["losses"].append(float(loss.item()))
+            log(f"drafter {tr.index} warm-up step {i} done at {time.perf_counter() - t0:.1f}s")
+            if i == 0:
+                out["frames_after_first"] = _frames_ok(torch)
+        _sync(torch, dev)
+        out["warmup_s"] = time.perf_counter() - t0
+        stage = "barrier"
+        if barrier is not None:
+            barrier.wait()
+        stage = "timed"
+        w0 = time.perf_counter()
+        for _ in range(int(p["steps"])):
+            length, n, real = tr.shapes.next()
+            batch = tr.make_batch(length, n)
+            _sync(torch, dev)
+            s0 = time.perf_counter()
+            loss = tr.step(batch)
+            _sync(torch, dev)
+            out["step_times"].append(time.perf_counter() - s0)
+            out["tokens"] += real
+            out["flops"] += tr.flops(batch)
+            out["losses"].append(float(loss.item()))
+        out["window_s"] = time.perf_counter() - w0
+    except BaseException as exc:  # a crash is a result: keep class, message and stage
+        out["error"] = _error_dict(exc)
+        out["error"]["stage"] = stage
+        out["traceback"] = traceback.format_exc()
+        if barrier is not None:
+            barrier.abort()
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+
+
+def _frames_ok(torch):
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["frames"]["ok"])
+    except Exception:
+        return 0
+
+
+def _dynamo_facts(torch, frames_after_first):
+    try:
+        from torch._dynamo.utils import counters
+    except Exception as exc:
+        return {"error": _error_dict(exc)}
+    frames_ok = int(counters["frames"]["ok"])
+    return {
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "frames_compiled": frames_ok,
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+        # compiles after the first step: shape changes or guard failures
+        "recompiles": max(0, frames_ok - int(frames_after_first or 0)),
+        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+    }
+
+
+def _fx_facts(torch):
+    try:
+        import torch.fx._symbolic_trace as st
+
+        fn = st.is_fx_symbolic_tracing
+        code = getattr(fn, "__code__", None)
+        return {
+            "flag": bool(getattr(st, "_is_fx_tracing_flag", False)),
+            "is_fx_symbolic_tracing": "{}.{}".format(
+                getattr(fn, "__module__", "?"), getattr(fn, "__qualname__", "?")
+            ),
+            "defined_in": code.co_filename if code else None,
+            "module_file": getattr(st, "__file__", None),
+        }
+    except Exception as exc:
+        return {"error": _error_dict(exc)}
+
+
+def _cache_dir_facts(torch):
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    source = "env"
+    if not path:
+        source = "default"
+        try:
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            path = cache_dir()
+        except Exception:
+            path = None
+    files = 0
+    if path and os.path.isdir(path):
+        for _root, _dirs, names in os.walk(path):
+            files += len(names)
+    return {
+        "path": path,
+        "source": source,
+        "files_before": files,
+        "state": "warm" if files else "cold",
+    }
+
+
+def _memory_facts(torch, device):
+    if device.startswith("cuda"):
+        try:
+            stats = torch.cuda.memory_stats()
+            return {
+                "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+                "alloc_retries": int(stats.get("num_alloc_retries", 0)),
+                "ooms": int(stats.get("num_ooms", 0)),
+            }
+        except Exception as exc:
+            return {"error": _error_dict(exc)}
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    except Exception:
+        rss = None
+    return {"peak_rss_bytes": rss}
+
+
+def _device_facts(torch, device):
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        return {
+            "type": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_bytes": int(props.total_memory),
+            "sms": int(props.multi_processor_count),
+        }
+    return {"type": "cpu", "name": _cpu_name(), "threads": int(torch.get_num_threads())}
+
+
+def _cpu_name():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _peak_tflops(p, dev_facts):
+    if p.get("peak_tflops"):
+        return float(p["peak_tflops"])
+    name = dev_facts.get("name") or ""
+    if dev_facts.get("type") != "cuda":
+        return None
+    for key, value in BF16_PEAK_TFLOPS:
+        if key in name:
+            return value
+    return None
+
+
+def run(params):
+    """Run the smoke test described by ``params``; always returns a result dict."""
+    t_start = time.perf_counter()
+    result = {key: None for key in RESULT_KEYS}
+    result.update({"schema": SCHEMA, "ok": False, "flex_fallback": False})
+    result["env"] = {k: os.environ[k] for k in ENV_REPORTED if k in os.environ}
+    try:
+        import torch
+    except Exception as exc:
+        result["error"] = _error_dict(exc)
+        return _finish(result, t_start)
+    result["torch"] = torch.__version__
+    try:
+        import triton
+
+        result["triton"] = triton.__version__
+    except Exception:
+        result["triton"] = None
+    result["inductor_cache"] = _cache_dir_facts(torch)
+    p = None
+    try:
+        p = resolve_params(params, torch.cuda.is_available())
+        lengths = read_lengths(p["data"]) if p["data"] else None
+    except (ValueError, OSError) as exc:
+        result["error"] = _error_dict(exc)
+        result["error"]["stage"] = "params"
+        return _finish(result, t_start)
+    result["preset"] = p["preset"]
+    result["attn"] = p["attn"]
+    disabled = os.environ.get("TORCH_COMPILE_DISABLE", "") not in ("", "0") or os.environ.get(
+        "TORCHDYNAMO_DISABLE", ""
+    ) not in ("", "0")
+    result["compile"] = {
+        "requested": bool(p["compile"]),
+        "backend": p["compile_backend"] if p["compile"] else None,
+        "mode": p["compile_mode"],
+        "disabled_by_env": disabled,
+    }
+    result["dims"] = {
+        k: p[k]
+        for k in (
+            "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
+            "target_layers", "seq_len", "anchors", "block_size", "batch", "warmup", "steps",
+            "loss_chunk", "vary_shapes", "dtype",
+        )
+    }  # fmt: skip
+    result["data"] = {"path": p["data"], "records": len(lengths)} if lengths else None
+    dev = p["device"]
+    try:
+        dev_facts = _device_facts(torch, dev)
+    except Exception as exc:
+        result["error"] = _error_dict(exc)
+        return _finish(result, t_start)
+    result["device"] = dev_facts
+    n_threads = int(p["drafter_threads"])
+    outs = [{} for _ in range(n_threads)]
+    recorded = []
+    old_show = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        recorded.append(str(message))
+        old_show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        _FLEX_EAGER_CALLS[0] = 0
+        if dev.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        log(
+            f"preset {p['preset']} on {dev_facts.get('name')}: attn={p['attn']} "
+            f"compile={p['compile']} threads={n_threads}"
+        )
+        trainers = []
+        try:
+            for i in range(n_threads):
+                trainers.append(Trainer(torch, p, index=i, lengths=lengths))
+        except BaseException as exc:
+            outs[0]["error"] = _error_dict(exc)
+            outs[0]["error"]["stage"] = "build"
+            outs[0]["traceback"] = traceback.format_exc()
+        if len(trainers) == n_threads:
+            if n_threads == 1:
+                _run_trainer(torch, trainers[0], p, None, outs[0])
+            else:
+                barrier = threading.Barrier(n_threads)
+                threads = [
+                    threading.Thread(
+                        target=_run_trainer, args=(torch, tr, p, barrier, out), daemon=True
+                    )
+                    for tr, out in zip(trainers, outs)  # noqa: B905 (Python 3.8 target)
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+    finally:
+        warnings.showwarning = old_show
+    del trainers
+    fallback_warned = any("without torch.compile" in m for m in recorded)
+    result["flex_fallback"] = bool(_FLEX_EAGER_CALLS[0] > 0 or fallback_warned)
+    result["flex_eager_calls"] = _FLEX_EAGER_CALLS[0]
+    result["warnings"] = sorted(set(m.splitlines()[0][:200] for m in recorded))[:10]
+    result["fx_tracing"] = _fx_facts(torch)
+    result["dynamo"] = _dynamo_facts(torch, outs[0].get("frames_after_first"))
+    result["memory"] = _memory_facts(torch, dev)
+    result["compile"]["effective"] = (
+        bool(p["compile"]) and not disabled and (result["dynamo"].get("frames_compiled", 0) > 0)
+    )
+    errors = [o["error"] for o in outs if o.get("error")]
+    for o in outs:
+        if o.get("traceback"):
+            sys.stderr.write(o["traceback"])
+    result["threads"] = {
+        "count": n_threads,
+        "errors": errors,
+        "crashed": sum(1 for o in outs if o.get("error")),
+    }
+    losses = outs[0].get("losses") or []
+    result["loss"] = {"first": losses[0], "last": losses[-1]} if losses else None
+    warm = [o["warmup_s"] for o in outs if o.get("warmup_s") is not None]
+    result["warmup_s"] = max(warm) if warm else None
+    if errors:
+        result["error"] = errors[0]
+        return _finish(result, t_start)
+    steps = [s for o in outs for s in o["step_times"]]
+    window = max(o["window_s"] for o in outs)
+    tokens = sum(o["tokens"] for o in outs)
+    flops = sum(o["flops"] for o in outs)
+    result["step_s"] = {
+        "median": statistics.median(steps),
+        "p10": _percentile(steps, 0.1),
+        "p90": _percentile(steps, 0.9),
+        "n": len(outs[0]["step_times"]),
+    }
+    result["tok_per_s"] = tokens / window if window > 0 else None
+    result["tflops"] = flops / window / 1e12 if window > 0 else None
+    peak = _peak_tflops(p, dev_facts)
+    result["mfu"] = result["tflops"] / peak if peak and result["tflops"] else None
+    result["peak_tflops"] = peak
+    result["ok"] = all(math.isfinite(x) for x in losses)
+    if not result["ok"]:
+        result["error"] = {
+            "class": "NonFiniteLoss",
+            "message": f"loss became {losses[-1]!r}",
+        }
+    return _finish(result, t_start)
+
+
+def _finish(result, t_start):
+    result["elapsed_s"] = time.perf_counter() - t_start
+    return result
+
+
+def deliver(result, *, framed):
+    """Write the stdout line and the $ENVBISECT_RESULT file."""
+    line = RESULT_PREFIX + json.dumps(result, sort_keys=True, default=str)
+    target = os.environ.get(RESULT_ENV)
+    if target:
+        tmp = target + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(result, fh, sort_keys=True, default=str)
+            fh.write("\n")
+        os.replace(tmp, target)
+    if framed:
+        from envbisect.agent.channel import write_stdout_line
+
+        write_stdout_line(line)
+    else:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+def _in_agent():
+    ch = sys.modules.get("envbisect.agent.channel")
+    return ch is not None and getattr(ch, "_state", {}).get("fd") is not None
+
+
+def main(params):
+    """Agent entry point: run, deliver the line and file, return the result for the frame."""
+    result = run(dict(params or {}))
+    deliver(result, framed=_in_agent())
+    _summary(result)
+    return result
+
+
+def _summary(result):
+    if result.get("ok"):
+        log(
+            "ok: {:.0f} tok/s, step median {:.3f}s, warm-up {:.1f}s{}".format(
+                result["tok_per_s"],
+                result["step_s"]["median"],
+                result["warmup_s"] or 0.0,
+                ", MFU %.1f%%" % (100 * result["mfu"]) if result.get("mfu") else "",
+            )
+        )
+    else:
+        err = result.get("error") or {}
+        log("FAILED: {}: {}".format(err.get("class"), err.get("message")))
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def build_arg_parser():
+    ap = argparse.ArgumentParser(
+        prog="drafter", description="DFlash drafter training smoke test (envbisect)."
+    )
+    ap.add_argument("--preset", choices=["auto"] + sorted(PRESETS), default=None)
+    ap.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N")
+    ap.add_argument("--attn", choices=["auto", "flex", "sdpa", "flex-eager"], default=None)
+    ap.add_argument("--compile", dest="compile", action="store_true", default=None)
+    ap.add_argument("--no-compile", dest="compile", action="store_false", default=None)
+    ap.add_argument("--compile-backend", default=None)
+    ap.add_argument("--compile-mode", default=None)
+    ap.add_argument("--vary-shapes", action="store_true", default=None)
+    ap.add_argument("--data", default=None, help="JSONL dataset whose lengths drive the batches")
+    ap.add_argument("--drafter-threads", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    for key in PRESETS["tiny"]:
+        ap.add_argument("--" + key.replace("_", "-"), type=int, default=None)
+    ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--gamma", type=float, default=None)
+    ap.add_argument("--lr", type=float, default=None)
+    return ap
+
+
+def params_from_argv(argv):
+    ns = build_arg_parser().parse_args(argv)
+    return {k: v for k, v in vars(ns).items() if v is not None}
+
+
+def cli(argv=None):
+    result = main(params_from_argv(sys.argv[1:] if argv is None else argv))
+    return 0 if result.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
