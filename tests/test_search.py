@@ -580,3 +580,15 @@ def test_budget_spent_in_a_later_round_keeps_the_first_culprit() -> None:
     assert "found so far: culprit: " in result.message
     (other,) = set(oracle.causes) - {frozenset(culprit.units)}
     assert other <= set(result.candidates)
+
+
+def test_full_set_faster_than_good_is_not_reproduced_without_extra_samples() -> None:
+    units = unit_names(4)
+
+    def faster_with_changes(state: State, n: int) -> Outcome:
+        return Outcome(samples=(15_000.0 if state.applied else 12_000.0,) * n)
+
+    result = search(units, faster_with_changes)
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert "does not reproduce: the full set of changes runs fast" in result.message
+    assert [len(t.samples) for t in result.trials] == [3, 3]

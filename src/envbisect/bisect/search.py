@@ -543,7 +543,7 @@ class _Engine:
         return (
             judge.verdict(good.samples) is Verdict.UNRESOLVED
             or judge.verdict(bad.samples) is Verdict.UNRESOLVED
-            or judge.z * judge.threshold_se > gap / 6
+            or (gap > 0 and judge.z * judge.threshold_se > gap / 6)
         )
 
     def _decide_bad_endpoint(self, bad: _Record) -> Verdict:
