@@ -651,7 +651,12 @@ class Transport:
         cwd: Path | None = None,
         name: str = "run",
     ) -> RunResult:
-        """Run the composed argv; kill its whole process group at the timeout."""
+        """Run the composed argv; kill its whole process group at the timeout.
+
+        ``env`` and ``cwd`` apply to the first, local process only; through layers use
+        :meth:`with_env` (and absolute paths). Raises TransportError before starting anything
+        when an argument is longer than Linux allows.
+        """
         full = self.compose(argv)
         self._check_fits(full)
         log_dir.mkdir(parents=True, exist_ok=True)
