@@ -211,7 +211,9 @@ class Scenario:
         self.wheels = tmp / "wheels"
         build_wheel(self.wheels, "ebwork", "1.0", "WORK = 1\n")
         build_wheel(self.wheels, "ebwork", "2.0", "WORK = 1  # same speed\n")
-        build_wheel(self.wheels, "ebwork", "3.0", f"WORK = {SLOWDOWN}\n")
+        # Sizes differ on purpose: zip entries carry a 2-second timestamp, and a source of the
+        # same size and mtime as the replaced one would let Python reuse the stale .pyc.
+        build_wheel(self.wheels, "ebwork", "3.0", f"WORK = {SLOWDOWN}  # slow build\n")
         build_wheel(self.wheels, "ebonly", "1.0", "X = 1\n")
         self.index = tmp / "empty-index"
         self.index.mkdir()
