@@ -13,6 +13,7 @@ feeds the logged samples back instead of measuring again.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import statistics
@@ -28,7 +29,7 @@ from envbisect.bisect.actuate import Actuator, Realized
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
 from envbisect.metric import RESULT_ENV, Measurement, MetricSpec, format_ktok, measure
-from envbisect.transport import Transport
+from envbisect.transport import Layer, LayerKind, Transport
 
 DRAFTER = "envbisect.smoke.drafter"
 
@@ -81,16 +82,21 @@ def run_once(
     if result_file.exists():
         result_file.unlink()
     run_env = dict(env if env is not None else os.environ)
-    run_env[RESULT_ENV] = str(result_file)
+    remote = bool(transport.layers)
+    if not remote:
+        run_env[RESULT_ENV] = str(result_file)  # a path on this machine: not for a far side
+    # Through layers the local environment only reaches the first hop: the state's
+    # variables ride in an innermost env layer instead.
+    via = _far_transport(transport, run_env) if remote else transport
     if smoke.builtin:
         bundle = build_bundle(DRAFTER, dict(smoke.drafter_params), deadline_s=timeout_s)
-        res = transport.run(
+        res = via.run(
             [python, "-"],
             stdin=bundle.source,
             timeout_s=timeout_s + 5,
             log_dir=log_dir,
-            env=_for_transport(transport, run_env),
-            cwd=cwd if not transport.layers else None,
+            env=None if remote else run_env,
+            cwd=None if remote else cwd,
             name=name,
         )
         frame = find_frame(res.stdout(), bundle.nonce)
@@ -98,15 +104,15 @@ def run_once(
             return Measurement(None, f"crash: {frame['__agent_error__']}", "frame")
     else:
         argv = list(argv_map(smoke.argv) if argv_map else smoke.argv)
-        if transport.layers:
-            argv = _remote_wrap(argv, run_env, cwd)
+        if remote and cwd is not None:
+            argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *argv]
         try:
-            res = transport.run(
+            res = via.run(
                 argv,
                 timeout_s=timeout_s,
                 log_dir=log_dir,
-                env=_for_transport(transport, run_env),
-                cwd=cwd if not transport.layers else None,
+                env=None if remote else run_env,
+                cwd=None if remote else cwd,
                 name=name,
             )
         except TransportError as exc:
@@ -125,19 +131,15 @@ def run_once(
     )
 
 
-def _for_transport(transport: Transport, env: Mapping[str, str]) -> dict[str, str] | None:
-    # Through layers the local environment only reaches the first hop; the per-trial
-    # variables travel inside the command (see _remote_wrap).
-    return dict(env) if not transport.layers else None
-
-
-def _remote_wrap(argv: list[str], env: Mapping[str, str], cwd: Path | None) -> list[str]:
-    changed = [f"{k}={v}" for k, v in sorted(env.items()) if os.environ.get(k) != v]
-    unset = [x for k in sorted(os.environ) if k not in env for x in ("-u", k)]
-    inner = ["env", *unset, *changed, *argv]
-    if cwd is not None:
-        inner = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *inner]
-    return inner
+def _far_transport(transport: Transport, env: Mapping[str, str]) -> Transport:
+    """``transport`` plus innermost ``env`` layers that make the far process's environment
+    differ from its own as ``env`` differs from ours: changed variables set, removed ones
+    unset (``env -u NAME``)."""
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    unset = [w for k in sorted(os.environ) if k not in env for w in ("-u", k)]
+    if unset:
+        transport = Transport((*transport.layers, Layer(("env", *unset), LayerKind.ARGV)))
+    return transport.with_env(changed)
 
 
 # ----------------------------------------------------------------------------- check
@@ -439,8 +441,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         data_map=dict(getattr(config, "data_map", {}) or {}),
         cwd=options.cwd,
     )
-    restore = session.journal.restore
-    atexit.register(restore)
+    restore = actuator.restore
+    atexit.register(_quietly, restore)
     try:
         blocked = actuator.blockers()
         notes = tuple(actuator.notes())
@@ -470,15 +472,13 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         if result.interrupted:
             raise KeyboardInterrupt
     except EnvBisectError as exc:
-        # e.g. uv missing: nothing to resume from; leave no worktree behind.
-        session.journal.restore()
-        session.remove_worktrees()
+        # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
+        _quietly(actuator.close)
         session.append({"type": "end", "outcome": "error", "message": str(exc)})
         session.unlock()
         raise
     except KeyboardInterrupt:
-        session.journal.restore()
-        session.remove_worktrees()
+        _quietly(actuator.close)
         session.append({"type": "interrupted"})
         session.unlock()
         raise Interrupted(
@@ -487,7 +487,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         ) from None
     finally:
         session.journal.restore()
-        atexit.unregister(restore)
+        _quietly(actuator.restore)
+        atexit.unregister(_quietly)
     out = _result(result, diff, blocked, notes, session, options, bad_path, tester)
     session.append(
         {
@@ -501,6 +502,13 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     actuator.close()
     session.unlock()
     return out
+
+
+def _quietly(undo: Callable[[], Any]) -> None:
+    """Run a cleanup on an exit path, where a second error must not hide the first (a
+    remote target that went away: ``envbisect reset`` retries later)."""
+    with contextlib.suppress(EnvBisectError):
+        undo()
 
 
 def _nothing_to_bisect(

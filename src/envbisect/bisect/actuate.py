@@ -44,13 +44,23 @@ Changes of the ``torch`` and ``probes`` sections are facts that follow from pack
 files; they need no actuator of their own. Everything else (system, gpu, python, ...) is
 reported, never bisected.
 
-Remote targets (``--via``/``--target``): env units act per trial (through ``env -u NAME
-NAME=value cmd`` inside the chain); packages, git, files, caches and data would have to be
-built on the target and are marked not bisectable there (not built yet).
+Remote targets (``--via``/``--target``): the same actuators act on the target, through
+``envbisect.agent.actuate_remote`` shipped with ``Transport.run_agent`` (one operation per
+call, nothing installed there). Everything lives under a remote session directory
+``<remote $HOME, else /tmp>/.envbisect/session-<id>`` (recorded in the local session log as a
+``remote`` event, so ``envbisect reset`` cleans it up too, see :func:`reset_remote`): the
+overlay venv is built there with the target's uv (on its PATH, next to its python, or
+``python -m uv``; without uv, package units are not bisectable and the reason says so), git
+worktrees are added in the remote repo, loose files are swapped after journaling on the
+target (blobs travel base64 in the parameters) and restored after every trial and on exit,
+cold caches are fresh remote dirs, and ``data_map`` paths are checked on the target. The
+per-trial environment reaches the far process through an innermost ``env`` layer (see
+``runner.run_once``).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -63,10 +73,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect.agent.actuate_remote import link_tree
 from envbisect.bisect.session import Session
-from envbisect.errors import ActuationError
+from envbisect.errors import ActuationError, TransportError
 from envbisect.manifest import Manifest
-from envbisect.transport import Transport
+from envbisect.transport import Layer, Transport
 
 ACTIONABLE = ("packages", "git", "files", "env", "caches", "data")
 DERIVED = ("torch", "probes")
@@ -74,6 +85,7 @@ DERIVED = ("torch", "probes")
 CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
 READY = ".envbisect-ready"
 FAILED = ".envbisect-failed"
+AGENT = "envbisect.agent.actuate_remote"
 
 # Run inside the target python: what is installed, where, and which files each owns.
 _PROBE = r"""
@@ -145,6 +157,23 @@ class TargetEnv:
     version: str
     sites: tuple[str, ...]
     dists: Mapping[str, Mapping[str, Any]]
+    home: str | None = None  # remote targets: where the remote session dir goes
+    path: str | None = None  # remote targets: PATH of the far process
+    uv: tuple[str, ...] | None = None  # remote targets: how to run uv there (None: no uv)
+
+    @classmethod
+    def from_agent(cls, python: str, data: Mapping[str, Any]) -> TargetEnv:
+        """From the ``probe`` operation of the remote agent."""
+        return cls(
+            python=python,
+            base=str(data["base"]),
+            version=str(data["version"]),
+            sites=tuple(data["sites"]),
+            dists={d["name"]: d for d in data["dists"]},
+            home=str(data.get("home") or "/tmp"),
+            path=str(data.get("path") or ""),
+            uv=tuple(data["uv"]) if data.get("uv") else None,
+        )
 
     @classmethod
     def probe(cls, python: str, transport: Transport, log_dir: Path) -> TargetEnv:
@@ -192,6 +221,13 @@ class Actuator:
     _commits: dict[str, list[str]] = field(default_factory=dict)
     _worktrees: dict[tuple[str, str], Path] = field(default_factory=dict)
     _blocked: frozenset[str] | None = None
+    _facts: dict[str, Any] | None = None  # remote: answers of the agent's inspect
+    _remote_dirty: bool = False  # remote: files may be swapped there right now
+
+    @property
+    def remote(self) -> bool:
+        """True when the target is reached through a layer chain."""
+        return bool(self.transport.layers)
 
     # -- what can be realized ----------------------------------------------------------
 
@@ -213,11 +249,8 @@ class Actuator:
             return f"no actuator for {', '.join(other)} changes (reported, not bisected)"
         if not actionable:
             return "only derived facts changed; nothing to realize"
-        remote = bool(self.transport.layers)
         for change in actionable:
             section, key = change.section, str(change.key)
-            if remote and section in ("packages", "git", "files", "data", "caches"):
-                return f"{section} changes cannot be realized on a remote target yet"
             old = self.good.section(section).get(key)
             new = self.bad.section(section).get(key)
             if section == "env":
@@ -229,7 +262,7 @@ class Actuator:
                         )
             elif section == "files":
                 for manifest, value in ((self.good, old), (self.bad, new)):
-                    if value is None or self._current_sha(Path(key)) == value.get("sha256"):
+                    if value is None or self._sha_of(key) == value.get("sha256"):
                         continue
                     if self._blob(manifest, value) is None:
                         return (
@@ -241,7 +274,7 @@ class Actuator:
             elif section == "git":
                 for value in (old, new):
                     head = (value or {}).get("head")
-                    if not head or not _has_commit(Path(key), head):
+                    if not head or not self._commit_exists(key, head):
                         return f"git {key}: commit {str(head)[:12]} is not in that repo"
             elif section == "caches":
                 if str(key) not in CACHE_ENV:
@@ -250,7 +283,7 @@ class Actuator:
                     if (
                         isinstance(value, dict)
                         and _is_warm(value)
-                        and not _usable_dir(Path(value.get("path") or ""))
+                        and not self._dir_usable(str(value.get("path") or ""))
                     ):
                         return (
                             f"caches {key}: the {side} state had a warm cache at "
@@ -258,7 +291,7 @@ class Actuator:
                         )
             elif section == "data":
                 mapped = self.data_map.get(key)
-                if not mapped or not Path(mapped).exists():
+                if not mapped or not self._exists(mapped):
                     return (
                         f"data {key}: the other version is not available; "
                         "name where it lives under data_map: in envbisect.yaml"
@@ -267,7 +300,123 @@ class Actuator:
                 for value in (old, new):
                     if isinstance(value, dict) and value.get("editable"):
                         return f"packages {key}: an editable install cannot be rebuilt"
+                if self.remote and self.target().uv is None:
+                    return (
+                        f"packages {key}: uv is not available on the target (not on its "
+                        f"PATH, not next to {self.python}, not as '{self.python} -m uv'); "
+                        "install uv there to bisect packages"
+                    )
         return None
+
+    # -- facts, locally or on the remote target -------------------------------------------
+
+    def _inspect(self) -> dict[str, Any]:
+        """Every fact blockers()/ordered() need from the target, in one agent call."""
+        if self._facts is not None:
+            return self._facts
+        shas: set[str] = set()
+        commits: set[tuple[str, str]] = set()
+        revlists: set[tuple[str, str, str]] = set()
+        dirs: set[str] = set()
+        exists: set[str] = set(str(v) for v in self.data_map.values())
+        for unit in self.units:
+            for change in unit.changes:
+                key = str(change.key)
+                old = self.good.section(change.section).get(key)
+                new = self.bad.section(change.section).get(key)
+                if change.section == "files":
+                    shas.add(key)
+                elif change.section == "git":
+                    heads = [(v or {}).get("head") for v in (old, new)]
+                    commits.update((key, h) for h in heads if h)
+                    if all(heads):
+                        revlists.add((key, str(heads[0]), str(heads[1])))
+                elif change.section == "caches":
+                    for value in (old, new):
+                        if isinstance(value, dict) and value.get("path"):
+                            dirs.add(str(value["path"]))
+        params: dict[str, Any] = {
+            "sha256": sorted(shas),
+            "commits": [list(c) for c in sorted(commits)],
+            "revlists": [list(r) for r in sorted(revlists)],
+            "dirs": sorted(dirs),
+            "exists": sorted(exists),
+        }
+        out = self._agent("inspect", params, self.session.root / "remote", "inspect")
+        pairs = {k: list(zip(params[k], out[k], strict=True)) for k in params if k != "sha256"}
+        facts: dict[str, Any] = {
+            "sha256": dict(out["sha256"]),
+            "commits": {tuple(c): ok for c, ok in pairs["commits"]},
+            "revlists": {tuple(r): v for r, v in pairs["revlists"]},
+            "dirs": dict(pairs["dirs"]),
+            "exists": dict(pairs["exists"]),
+        }
+        self._facts = facts
+        return facts
+
+    def _sha_of(self, path: str) -> str | None:
+        if not self.remote:
+            return self._current_sha(Path(path))
+        return self._inspect()["sha256"].get(path)
+
+    def _commit_exists(self, repo: str, sha: str) -> bool:
+        if not self.remote:
+            return _has_commit(Path(repo), sha)
+        return bool(self._inspect()["commits"].get((repo, sha)))
+
+    def _dir_usable(self, path: str) -> bool:
+        if not self.remote:
+            return _usable_dir(Path(path))
+        return bool(self._inspect()["dirs"].get(path))
+
+    def _exists(self, path: str) -> bool:
+        if not self.remote:
+            return Path(path).exists()
+        return bool(self._inspect()["exists"].get(path))
+
+    def _rev_list(self, repo: str, old: str, new: str) -> list[str]:
+        if self.remote:
+            return list(self._inspect()["revlists"].get((repo, old, new)) or [])
+        proc = subprocess.run(
+            ["git", "-C", repo, "rev-list", "--reverse", "--ancestry-path", f"{old}..{new}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return proc.stdout.split() if proc.returncode == 0 else []
+
+    def _agent(
+        self, op: str, params: Mapping[str, Any], log_dir: Path, name: str, timeout_s: float = 300
+    ) -> dict[str, Any]:
+        """One operation of the remote agent, through the chain."""
+        return self.transport.run_agent(
+            self.python,
+            AGENT,
+            {"op": op, **params},
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+            name=name,
+        )
+
+    def remote_root(self) -> str:
+        """The remote session dir (recorded in the local session log on first use)."""
+        target = self.target()
+        tag = hashlib.sha256(
+            f"{self.session.root}\0{self.transport.describe()}".encode()
+        ).hexdigest()[:12]
+        root = f"{(target.home or '/tmp').rstrip('/')}/.envbisect/session-{tag}"
+        if not any(
+            e.get("type") == "remote" and e.get("root") == root for e in self.session.events()
+        ):
+            self.session.append(
+                {
+                    "type": "remote",
+                    "root": root,
+                    "python": self.python,
+                    "layers": [layer.as_dict() for layer in self.transport.layers],
+                }
+            )
+        return root
 
     def notes(self) -> list[str]:
         """Caveats about the run as a whole (printed once at the start)."""
@@ -290,28 +439,13 @@ class Actuator:
         out: dict[str, list[str]] = {}
         for unit in self.units:
             gits = [c for c in unit.changes if c.section == "git"]
-            if len(gits) != 1 or len(unit.changes) != 1 or self.transport.layers:
+            if len(gits) != 1 or len(unit.changes) != 1:
                 continue
-            repo = Path(str(gits[0].key))
             old = (self.good.section("git").get(str(gits[0].key)) or {}).get("head")
             new = (self.bad.section("git").get(str(gits[0].key)) or {}).get("head")
             if not old or not new:
                 continue
-            proc = subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(repo),
-                    "rev-list",
-                    "--reverse",
-                    "--ancestry-path",
-                    f"{old}..{new}",
-                ],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            commits = proc.stdout.split() if proc.returncode == 0 else []
+            commits = self._rev_list(str(gits[0].key), str(old), str(new))
             if len(commits) > 1:
                 out[unit.id] = commits
                 self._commits[unit.id] = commits
@@ -358,7 +492,16 @@ class Actuator:
         try:
             yield self._build(applied, positions, trial_dir)
         finally:
-            self.session.journal.restore()
+            self.restore()
+
+    def restore(self) -> None:
+        """Put back every file swapped in place, here and (when remote) on the target."""
+        self.session.journal.restore()
+        if self.remote and self._remote_dirty:
+            self._agent(
+                "restore", {"root": self.remote_root()}, self.session.root / "remote", "restore"
+            )
+            self._remote_dirty = False
 
     def _build(
         self, applied: frozenset[str], positions: Mapping[str, int], trial_dir: Path
@@ -367,14 +510,21 @@ class Actuator:
         env = dict(self.base_env if self.base_env is not None else os.environ)
         notes: list[str] = []
         path_map: list[tuple[str, str]] = []
-        cwd = self.cwd
+        remote = self.remote
+        # Remote: a cwd of this machine means nothing there; only a worktree sets one.
+        cwd = self.cwd if not remote else None
         python = self.python
         venv: Path | None = None
+        root = self.remote_root() if remote else None
+        ops: dict[str, list[Any]] = {"worktrees": [], "swaps": [], "caches": []}
 
         # packages
         wanted = {k: v for (s, k), (_src, v) in values.items() if s == "packages"}
         if wanted:
-            venv, failure = self._venv(wanted, trial_dir)
+            try:
+                venv, failure = self._venv(wanted, trial_dir)
+            except TransportError as exc:
+                return Realized(python=python, env=env, failure=f"build: {exc}")
             if failure:
                 return Realized(python=python, env=env, failure=failure)
             if venv is not None:
@@ -382,14 +532,20 @@ class Actuator:
                 # The link farm points into the target environment: never write bytecode
                 # through it (existing .pyc files are still read).
                 env["PYTHONDONTWRITEBYTECODE"] = "1"
-        remote = bool(self.transport.layers)
-        if not remote and (venv is not None or os.path.isabs(self.python)):
+        if venv is not None or os.path.isabs(self.python):
             bindir = str(Path(python).parent)
-            env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-            prefix = Path(python).parent.parent
-            if (prefix / "pyvenv.cfg").exists():
-                env["VIRTUAL_ENV"] = str(prefix)
-                env.pop("PYTHONHOME", None)
+            if remote:
+                far_path = self.target().path or "/usr/local/bin:/usr/bin:/bin"
+                env["PATH"] = bindir + ":" + far_path
+                if venv is not None:
+                    env["VIRTUAL_ENV"] = str(venv)
+                    env.pop("PYTHONHOME", None)
+            else:
+                env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+                prefix = Path(python).parent.parent
+                if (prefix / "pyvenv.cfg").exists():
+                    env["VIRTUAL_ENV"] = str(prefix)
+                    env.pop("PYTHONHOME", None)
 
         # git
         worktrees: dict[str, Path] = {}
@@ -397,6 +553,14 @@ class Actuator:
             if section != "git":
                 continue
             head = (value or {}).get("head")
+            if remote:
+                if not head:
+                    return Realized(python=python, env=env, failure=f"build: git {key}: no commit")
+                assert root is not None
+                path = Path(f"{root}/worktrees/{_worktree_name(Path(key), str(head))}")
+                ops["worktrees"].append([key, str(head), str(path)])
+                worktrees[key] = path
+                continue
             try:
                 worktrees[key] = self._worktree(Path(key), head)
             except ActuationError as exc:
@@ -425,6 +589,19 @@ class Actuator:
                     target = wt / Path(key).relative_to(repo)
                     break
             want = None if value is None else value.get("sha256")
+            if remote:
+                if want is not None and target == Path(key) and self._sha_of(key) == want:
+                    continue  # the target already has it (as of the start of the run)
+                item: dict[str, Any] = {"path": str(target), "sha256": want}
+                if want is not None:
+                    blob = self._blob(source, value)
+                    if blob is None:
+                        return Realized(
+                            python=python, env=env, failure=f"build: no content for {key}"
+                        )
+                    item["content"] = base64.b64encode(blob.read_bytes()).decode("ascii")
+                ops["swaps"].append(item)
+                continue
             if self._current_sha(target) == want and want is not None:
                 continue
             if want is None:
@@ -449,15 +626,21 @@ class Actuator:
 
         # caches: every known compile cache points into the trial sandbox
         cache_values = {k: v for (s, k), (_src, v) in values.items() if s == "caches"}
-        for name, var in CACHE_ENV.items() if not remote else ():
+        for name, var in CACHE_ENV.items():
             if name in cache_values:
                 value = cache_values[name]
             else:
                 value = self.bad.section("caches").get(name)
+            warm = str((value or {}).get("path") or "") if _is_warm(value) else None
+            if remote:
+                dest_s = f"{root}/trials/{trial_dir.name}/caches/{name}"
+                ops["caches"].append({"name": name, "dest": dest_s, "src": warm})
+                env[var] = dest_s
+                continue
             dest = trial_dir / "caches" / name
             if dest.exists():
                 shutil.rmtree(dest)
-            src = Path((value or {}).get("path") or "") if _is_warm(value) else None
+            src = Path(warm) if warm is not None else None
             if src is not None and _usable_dir(src):
                 shutil.copytree(src, dest, symlinks=True)
             else:
@@ -477,6 +660,17 @@ class Actuator:
                 path_map.append((key, use))
             if key in data_keys:
                 env[f"ENVBISECT_DATA_{data_keys.index(key)}"] = use
+
+        if remote:
+            assert root is not None
+            self._remote_dirty = self._remote_dirty or bool(ops["swaps"])
+            try:
+                out = self._agent("realize", {"root": root, **ops}, trial_dir, "realize")
+            except TransportError as exc:
+                return Realized(python=python, env=env, failure=f"build: {exc}")
+            notes.extend(out.get("notes") or ())
+            if out.get("failure"):
+                return Realized(python=python, env=env, failure=str(out["failure"]))
         # Longest prefixes first, so a dataset inside a repo wins over the repo.
         path_map.sort(key=lambda p: -len(p[0]))
         return Realized(
@@ -492,7 +686,11 @@ class Actuator:
 
     def target(self) -> TargetEnv:
         if self._target is None:
-            self._target = TargetEnv.probe(self.python, self.transport, self.session.root)
+            if self.remote:
+                data = self._agent("probe", {}, self.session.root / "remote", "probe")
+                self._target = TargetEnv.from_agent(self.python, data)
+            else:
+                self._target = TargetEnv.probe(self.python, self.transport, self.session.root)
         return self._target
 
     def _venv(self, wanted: Mapping[str, Any], trial_dir: Path) -> tuple[Path | None, str | None]:
@@ -528,6 +726,16 @@ class Actuator:
             "index": [self.index_url, list(self.extra_index_urls), list(self.find_links)],
         }
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        excluded: dict[str, set[str]] = {}
+        for name in hides:
+            dist = target.dists[name]
+            paths = excluded.setdefault(os.path.realpath(dist["location"]), set())
+            for f in dist["files"] or ():
+                norm = os.path.normpath(f)
+                if not norm.startswith(".."):
+                    paths.add(norm)
+        if self.remote:
+            return self._remote_venv(target, spec, digest, installs, excluded, trial_dir)
         venv = self.session.root / "venvs" / digest
         if (venv / READY).exists():
             return venv, None
@@ -565,21 +773,49 @@ class Actuator:
                 return None, why
         site = _venv_site(venv)
         farm = venv / "base-site"
-        excluded: dict[str, set[str]] = {}
-        for name in hides:
-            dist = target.dists[name]
-            paths = excluded.setdefault(os.path.realpath(dist["location"]), set())
-            for f in dist["files"] or ():
-                norm = os.path.normpath(f)
-                if not norm.startswith(".."):
-                    paths.add(norm)
         for site_dir in target.sites:
-            _link_tree(Path(site_dir), farm, "", excluded.get(site_dir, set()))
+            link_tree(site_dir, str(farm), "", excluded.get(site_dir, set()))
         (site / "_envbisect_base.pth").write_text(
             f"import site; site.addsitedir({str(farm)!r})\n", encoding="utf-8"
         )
         (venv / READY).write_text(json.dumps(spec, sort_keys=True) + "\n", encoding="utf-8")
         return venv, None
+
+    def _remote_venv(
+        self,
+        target: TargetEnv,
+        spec: Mapping[str, Any],
+        digest: str,
+        installs: Mapping[str, str],
+        excluded: Mapping[str, set[str]],
+        trial_dir: Path,
+    ) -> tuple[Path | None, str | None]:
+        """The overlay venv built on the target by the agent (uv's output in the trial log)."""
+        if target.uv is None:
+            return None, "build: uv is not available on the target"
+        venv = f"{self.remote_root()}/venvs/{digest}"
+        out = self._agent(
+            "venv",
+            {
+                "venv": venv,
+                "uv": list(target.uv),
+                "base": target.base,
+                "install": list(installs.values()),
+                "index_url": self.index_url,
+                "extra_index_urls": list(self.extra_index_urls),
+                "find_links": list(self.find_links),
+                "sites": list(target.sites),
+                "excluded": {k: sorted(v) for k, v in excluded.items()},
+                "spec": dict(spec),
+            },
+            trial_dir,
+            "build-venv",
+            timeout_s=1800,
+        )
+        if out.get("failure"):
+            why = str(out["failure"])
+            return None, f"{why} (full log: {trial_dir / 'build-venv.stderr'})"
+        return Path(str(out["venv"])), None
 
     def _uv(self) -> str:
         if self.uv:
@@ -598,8 +834,7 @@ class Actuator:
         cached = self._worktrees.get((str(repo), head))
         if cached is not None and cached.exists():
             return cached
-        tag = hashlib.sha256(str(repo).encode()).hexdigest()[:8]
-        path = self.session.root / "worktrees" / f"{repo.name}-{tag}-{head[:12]}"
+        path = self.session.root / "worktrees" / _worktree_name(repo, head)
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             self.session.record_worktree(repo, path)
@@ -641,10 +876,42 @@ class Actuator:
             return None
 
     def close(self) -> None:
-        """Restore files and remove the worktrees (venvs stay for a later --resume)."""
+        """Restore files and remove the worktrees (venvs stay for a later --resume), here
+        and, for a remote target, there."""
         self.session.journal.restore()
         self.session.remove_worktrees()
         self._worktrees.clear()
+        if self.remote and self._target is not None:
+            self._agent(
+                "cleanup", {"root": self.remote_root()}, self.session.root / "remote", "cleanup"
+            )
+            self._remote_dirty = False
+
+
+def reset_remote(session: Session) -> list[str]:
+    """``envbisect reset`` for the remote parts of ``session``: restore the target's journal,
+    remove its worktrees, venvs and cache dirs. Returns one line per thing done."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for ev in session.events():
+        if ev.get("type") != "remote" or ev.get("root") in seen:
+            continue
+        root = str(ev["root"])
+        seen.add(root)
+        transport = Transport(tuple(Layer(tuple(d["argv"]), d["kind"]) for d in ev["layers"]))
+        out = transport.run_agent(
+            str(ev["python"]),
+            AGENT,
+            {"op": "cleanup", "root": root, "all": True},
+            timeout_s=300,
+            log_dir=session.root / "remote",
+            name="reset",
+        )
+        where = transport.describe()
+        lines += [f"restored {p} (via {where})" for p in out.get("restored") or ()]
+        lines += [f"removed worktree {p} (via {where})" for p in out.get("worktrees") or ()]
+        lines += [f"removed {p} (via {where})" for p in out.get("removed") or ()]
+    return lines
 
 
 def _requirement(name: str, value: Any) -> str:
@@ -668,29 +935,9 @@ def _venv_site(venv: Path) -> Path:
     return found[0]
 
 
-def _link_tree(src: Path, dst: Path, rel: str, excluded: set[str]) -> None:
-    """Symlink every entry of ``src`` into ``dst`` except ``excluded`` relative paths.
-
-    A directory that holds excluded files is recreated (not linked) and filled entry by
-    entry; its ``__pycache__`` is left out (stale bytecode of a removed module must not make
-    the directory an importable namespace package), and it is dropped when nothing is left.
-    """
-    if not src.is_dir():
-        return
-    dst.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(os.scandir(src), key=lambda e: e.name):
-        r = entry.name if not rel else f"{rel}/{entry.name}"
-        if r in excluded or (rel and entry.name == "__pycache__"):
-            continue
-        out = dst / entry.name
-        if out.exists() or out.is_symlink():
-            continue  # an earlier site directory wins, as on sys.path
-        if entry.is_dir(follow_symlinks=True) and any(p.startswith(r + "/") for p in excluded):
-            _link_tree(Path(entry.path), out, r, excluded)
-            if out.is_dir() and not any(out.iterdir()):
-                out.rmdir()
-            continue
-        os.symlink(entry.path, out)
+def _worktree_name(repo: Path, head: str) -> str:
+    tag = hashlib.sha256(str(repo).encode()).hexdigest()[:8]
+    return f"{repo.name}-{tag}-{head[:12]}"
 
 
 def _is_warm(value: Any) -> bool:
