@@ -24,7 +24,9 @@ _ISOLATED_PREFIXES = (
 
 
 @pytest.fixture(autouse=True)
-def _isolate_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
     for name in list(os.environ):
         if name.startswith(_ISOLATED_PREFIXES):
             monkeypatch.delenv(name, raising=False)
+    # The manifest parse cache goes to a per-session dir, never the developer's ~/.cache.
+    monkeypatch.setenv("ENVBISECT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))

@@ -87,3 +87,23 @@ def test_a_manifest_error_exits_2_with_one_line_from_a_real_process(tmp_path: Pa
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
     assert "newer-schema.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_large_manifest_parse_cache_is_keyed_by_content(tmp_path: Path) -> None:
+    from envbisect import manifest as mf
+
+    packages = {f"pkg-{i:05d}": {"version": f"1.{i}.0", "installer": "uv"} for i in range(6000)}
+    big = mf.Manifest(sections={"meta": {"label": "big"}, "packages": packages})
+    path = mf.save(big, tmp_path / "big.yaml")
+    raw = path.read_bytes()
+    assert len(raw) >= mf.PARSE_CACHE_MIN_BYTES
+    cached = mf._cache_path(raw)
+    assert cached.exists(), "save() primes the parse cache of a large manifest"
+    assert mf.load(path).sections["packages"] == packages
+    # Editing the file changes its hash: the stale parsed copy is never used.
+    path.write_text(path.read_text().replace("version: 1.7.0", "version: 9.9.9"))
+    assert mf.load(path).sections["packages"]["pkg-00007"]["version"] == "9.9.9"
+    # A corrupt cache entry is ignored, not trusted.
+    cached.write_text("{not json")
+    path.write_bytes(raw)
+    assert mf.load(path).sections["packages"]["pkg-00007"]["version"] == "1.7.0"

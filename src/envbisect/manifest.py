@@ -8,6 +8,7 @@ keys are kept. Saving is atomic (temp file in the same directory, then rename).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -136,11 +137,52 @@ class Manifest:
         return cls(sections=sections, path=path)
 
 
+# Manifests at least this large get a parsed copy (JSON) in the parse cache: libyaml needs
+# seconds for a 20,000-entry manifest, JSON tens of milliseconds.
+PARSE_CACHE_MIN_BYTES = 256 * 1024
+
+
+def parse_cache_dir() -> Path:
+    """Where parsed copies of large manifests live, keyed by the file's sha256."""
+    explicit = os.environ.get("ENVBISECT_CACHE_DIR")
+    if explicit:
+        return Path(explicit) / "manifests"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "envbisect" / "manifests"
+
+
+def _cache_path(raw: bytes) -> Path:
+    return parse_cache_dir() / f"{hashlib.sha256(raw).hexdigest()}.json"
+
+
+def _cache_store(raw: bytes, data: Any) -> None:
+    """Best effort: a cache that cannot be written only costs speed next time."""
+    if len(raw) < PARSE_CACHE_MIN_BYTES:
+        return
+    with contextlib.suppress(OSError, TypeError, ValueError):
+        atomic_write_text(_cache_path(raw), json.dumps(data))
+
+
+def _cache_lookup(raw: bytes) -> Any:
+    if len(raw) < PARSE_CACHE_MIN_BYTES:
+        return None
+    try:
+        return json.loads(_cache_path(raw).read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
 def load(path: str | Path) -> Manifest:
-    """Read and validate a manifest file."""
+    """Read and validate a manifest file.
+
+    A large manifest's parsed form is cached by content hash (see ``parse_cache_dir``), so
+    only the first read of a given file pays for YAML parsing; the cached copy is validated
+    exactly like a fresh parse.
+    """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = p.read_bytes()
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ManifestError(f"{p}: no such manifest file") from None
     except IsADirectoryError:
@@ -149,8 +191,8 @@ def load(path: str | Path) -> Manifest:
         raise ManifestError(f"{p}: not a text file") from None
     except OSError as exc:
         raise ManifestError(f"{p}: cannot read: {exc.strerror}") from None
-    data: Any = None
-    if text.lstrip().startswith("{"):
+    data: Any = _cache_lookup(raw)
+    if data is None and text.lstrip().startswith("{"):
         # JSON is YAML, and a 20,000-entry manifest parses ~80x faster as JSON than through
         # libyaml; anything that is not strict JSON falls through to the YAML loader.
         try:
@@ -165,6 +207,7 @@ def load(path: str | Path) -> Manifest:
             where = f" at line {mark.line + 1}" if mark is not None else ""
             problem = getattr(exc, "problem", None) or "invalid YAML"
             raise ManifestError(f"{p}: malformed YAML{where}: {problem}") from None
+        _cache_store(raw, data)
     return Manifest.from_dict(data, str(p), path=p)
 
 
@@ -190,6 +233,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def save(manifest: Manifest, path: Path) -> Path:
-    """Write ``manifest`` atomically as YAML to ``path``."""
-    atomic_write_text(path, manifest.to_yaml())
+    """Write ``manifest`` atomically as YAML to ``path`` (and prime the parse cache)."""
+    raw = manifest.to_yaml().encode("utf-8")
+    atomic_write_bytes(path, raw)
+    _cache_store(raw, manifest.as_dict())
     return path

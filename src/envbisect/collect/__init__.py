@@ -22,7 +22,7 @@ from typing import Any
 from envbisect import __version__
 from envbisect.config import Config
 from envbisect.errors import CollectError, TransportError, UsageError
-from envbisect.manifest import Manifest, atomic_write_bytes, atomic_write_text
+from envbisect.manifest import Manifest, atomic_write_bytes, save
 from envbisect.transport import Transport
 
 AGENT = "envbisect.collect.collector"
@@ -134,16 +134,15 @@ def default_output(manifest: Manifest, config: Config) -> Path:
 
 def write_snapshot(manifest: Manifest, out: str | None, config: Config) -> Path | None:
     """Write ``manifest``: ``-`` to stdout (returns None), else a path, atomically."""
-    text = manifest.to_yaml()
     if out == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(manifest.to_yaml())
         sys.stdout.flush()
         return None
     path = Path(out) if out else default_output(manifest, config)
     if path.is_dir():
         raise UsageError(f"{path}: is a directory; give a file name for -o")
     try:
-        atomic_write_text(path, text)
+        save(manifest, path)
     except OSError as exc:
         raise UsageError(f"{path}: cannot write manifest: {exc.strerror}") from None
     return path
