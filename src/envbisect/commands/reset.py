@@ -30,6 +30,10 @@ def command(session_dir: str | None, config_path: str | None) -> int:
     session = Session.existing(root)
     session.lock()  # refuses while a live envbisect process still uses it
     done = session.reset()
+    from envbisect.bisect.actuate import reset_remote
+
+    for line in reset_remote(session):  # a remote target's journal, worktrees and venvs
+        click.echo(line)
     for path in done.restored:
         click.echo(f"restored {path}")
     for path in done.worktrees:

@@ -1,0 +1,235 @@
+"""End-to-end runs on a remote target: a real sshd on 127.0.0.1, then the fake ``pct exec``.
+
+The actuators act on the far side through ``envbisect.agent.actuate_remote``: the overlay
+venv is built there by uv, worktrees are added there, loose files are swapped there after
+journaling. The far side is this machine (the only one a test has), so the user's repo,
+files and venv can be fingerprinted before and after. ``env HOME=...`` as the innermost
+layer keeps the remote session dir inside the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from helpers_ssh import (  # the same module object as test_transport_ssh's: one sshd
+    SshServer,
+    sshd_server,  # noqa: F401 - a pytest fixture, used by name
+)
+
+from envbisect.cli import cli
+from tests.helpers_run import SLOWDOWN, Scenario, file_entry, pkg, run_workload, store_blob
+
+pytestmark = pytest.mark.slow
+
+
+def _chain(sc: Scenario, ssh: SshServer) -> list[str]:
+    home = sc.tmp / "far-home"
+    home.mkdir(exist_ok=True)
+    return ["--via", ssh.via, "--via", "pct exec 200 --", "--via", f"env HOME={home}"]
+
+
+def _remote_root(sc: Scenario) -> Path:
+    [root] = (sc.tmp / "far-home" / ".envbisect").glob("session-*")
+    return root
+
+
+def _run(sc: Scenario, ssh: SshServer, *extra: str, smoke: tuple[str, ...]) -> tuple[Any, Any]:
+    out = sc.tmp / "result.json"
+    argv = [
+        "run",
+        "--config",
+        str(sc.config),
+        "--python",
+        sc.python,
+        "--session",
+        str(sc.tmp / "session"),
+        "--json",
+        str(out),
+        "--bad",
+        str(sc.bad),
+        *_chain(sc, ssh),
+        *extra,
+        "--",
+        *smoke,
+    ]
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    return res, json.loads(out.read_text()) if out.exists() else {}
+
+
+def _threshold(sc: Scenario) -> str:
+    probe = sc.tmp / "probe"
+    probe.mkdir(exist_ok=True)
+    (probe / "train.py").write_text((sc.repo / "train.py").read_text())
+    # This interpreter has no ebwork: the speed of the fast state, whatever the target has.
+    return f"{run_workload(sys.executable, probe / 'train.py') / SLOWDOWN**0.5:.0f}"
+
+
+def _reset(sc: Scenario) -> Any:
+    res = CliRunner().invoke(cli, ["reset", "--session", str(sc.tmp / "session")])
+    assert res.exit_code == 0, res.output
+    return res
+
+
+def test_package_culprit_is_found_in_a_venv_built_on_the_target(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==3.0", "ebonly==1.0")  # the user's current (slow) environment
+    git = sc.git_entry(sc.commits[0])
+    sc.write(
+        good={"packages": {"ebwork": pkg("1.0")}, "env": {"KEEP": "1"}, "git": git},
+        bad={
+            "packages": {"ebwork": pkg("3.0"), "ebonly": pkg("1.0")},
+            "env": {"KEEP": "2"},
+            "git": git,
+        },
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.2\n",
+    )
+    before = sc.fingerprint()
+    res, doc = _run(
+        sc,
+        sshd_server,
+        "--until-ktoks",
+        _threshold(sc),
+        smoke=("python", str(sc.repo / "train.py")),
+    )
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
+    assert doc["not_bisected"] == {}
+    # The venvs were built under the remote session dir, by uv on the far side.
+    root = _remote_root(sc)
+    venvs = list((root / "venvs").iterdir())
+    assert venvs and all((v / ".envbisect-ready").exists() for v in venvs)
+    assert sc.fingerprint() == before
+    # reset removes the remote venvs too
+    out = _reset(sc).output
+    assert f"removed {root}/venvs" in out
+    assert not (root / "venvs").exists()
+    assert sc.fingerprint() == before
+
+
+def test_file_culprit_is_swapped_on_the_target_and_restored(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    git = sc.git_entry(sc.commits[0])
+    knob = sc.repo / "knob.txt"
+    knob.write_text(f"{SLOWDOWN}\n")  # the user's edit since good, uncommitted
+    sc.write(
+        good={"git": git, "env": {}},
+        bad={"git": git, "env": {"EB_OTHER": "1"}},
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.2\n",
+    )
+    # knob.txt comes on top of the scenario's loose file: its good content only as a blob
+    for side, entry in (
+        ("good", store_blob(sc.mdir, b"1\n")),
+        ("bad", file_entry(f"{SLOWDOWN}\n".encode())),
+    ):
+        path = sc.mdir / f"{side}.yaml"
+        data = yaml.safe_load(path.read_text())
+        data["files"][str(knob)] = entry
+        path.write_text(yaml.safe_dump(data))
+    before = sc.fingerprint()
+    res, doc = _run(
+        sc,
+        sshd_server,
+        "--until-ktoks",
+        _threshold(sc),
+        smoke=("python", str(sc.repo / "train.py")),
+    )
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == [f"files:{knob}"]
+    # The swaps went through the remote journal, and every one was restored.
+    journal = [json.loads(x) for x in (_remote_root(sc) / "journal.jsonl").read_text().splitlines()]
+    swapped = {e["id"] for e in journal if e["op"] == "swap"}
+    assert swapped and swapped == {e["id"] for e in journal if e["op"] == "restored"}
+    assert {e["path"] for e in journal if e["op"] == "swap"} >= {str(knob)}
+    assert not (tmp_path / "session" / "journal.jsonl").exists()  # nothing swapped here
+    assert knob.read_text() == f"{SLOWDOWN}\n"
+    assert sc.fingerprint() == before
+
+
+def test_git_culprit_is_narrowed_in_worktrees_on_the_target(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    sc.commit("docs")
+    slow = sc.commit("more work per token", knob=f"{SLOWDOWN}\n")
+    sc.commit("docs again")
+    sc.write(
+        good={"git": sc.git_entry(sc.commits[0]), "env": {}},
+        bad={"git": sc.git_entry(sc.commits[-1]), "env": {"EB_OTHER": "1"}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    threshold = _threshold(sc)
+    before = sc.fingerprint()
+    cwd = os.getcwd()
+    os.chdir(sc.repo)  # the smoke command is relative: it runs in the state's worktree
+    try:
+        res, doc = _run(sc, sshd_server, "--until-ktoks", threshold, smoke=("python", "train.py"))
+    finally:
+        os.chdir(cwd)
+    assert res.return_value == 0, res.output
+    [culprit] = doc["culprits"]
+    assert culprit["unit"] == f"git:{sc.repo}"
+    assert culprit["commit"] == slow
+    # the worktrees lived under the remote session dir and are gone
+    assert not list((_remote_root(sc) / "worktrees").glob("*/train.py"))
+    assert sc.fingerprint() == before
+
+
+def test_without_uv_on_the_target_packages_are_not_bisected_and_say_why(
+    tmp_path: Path,
+) -> None:
+    """A chain whose far PATH has no uv (the target venv has none either): said plainly."""
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==3.0")
+    home = tmp_path / "far-home"
+    home.mkdir()
+    sc.write(
+        good={"packages": {"ebwork": pkg("1.0")}, "env": {}},
+        bad={"packages": {"ebwork": pkg("3.0")}, "env": {"EB_SLOW": str(SLOWDOWN)}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    before = sc.fingerprint()
+    out = tmp_path / "result.json"
+    argv = [
+        "run",
+        "--config",
+        str(sc.config),
+        "--python",
+        sc.python,
+        "--session",
+        str(tmp_path / "session"),
+        "--json",
+        str(out),
+        "--bad",
+        str(sc.bad),
+        "--via",
+        f"env PATH=/usr/bin:/bin HOME={home}",
+        "--",
+        sc.python,
+        str(sc.repo / "train.py"),
+    ]
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    doc = json.loads(out.read_text())
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    assert "uv is not available on the target" in doc["not_bisected"]["packages:ebwork"]
+    assert sc.fingerprint() == before
