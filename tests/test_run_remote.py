@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -232,4 +234,93 @@ def test_without_uv_on_the_target_packages_are_not_bisected_and_say_why(
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert "uv is not available on the target" in doc["not_bisected"]["packages:ebwork"]
+    assert sc.fingerprint() == before
+
+
+def test_builtin_smoke_gets_the_per_trial_environment_on_the_far_side(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drafter shipped on stdin sees the state's variables (set and unset) over ssh+pct."""
+    from envbisect.runner import SmokeCommand, run_once
+    from envbisect.transport import Transport
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # here, and unset by the state
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    far = tmp_path / "far-cache"
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(far)
+    transport = Transport.from_specs([sshd_server.via, "pct exec 200 --", "env OMP_NUM_THREADS=5"])
+    m = run_once(
+        SmokeCommand(drafter_params={"preset": "tiny", "device": "cpu", "steps": 2, "warmup": 1}),
+        transport=transport,
+        python=sys.executable,
+        env=env,
+        cwd=None,
+        timeout_s=300,
+        log_dir=tmp_path / "trial",
+        name="run-1",
+    )
+    assert m.ok, (m.failure, (tmp_path / "trial" / "run-1.stderr").read_text()[-2000:])
+    seen = m.result["env"]
+    assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert seen["TORCHINDUCTOR_CACHE_DIR"] == str(far)
+    assert "OMP_NUM_THREADS" not in seen  # unset by the state although the chain set it
+    # the local result file path is not sent: the result came back on the channel
+    assert not list((tmp_path / "trial").glob("*.result.json"))
+
+
+def _spawn(sc: Scenario, ssh: SshServer) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable,
+        "-m",
+        "envbisect",
+        "run",
+        "--config",
+        str(sc.config),
+        "--python",
+        sc.python,
+        "--bad",
+        str(sc.bad),
+        "--session",
+        str(sc.tmp / "session"),
+        *_chain(sc, ssh),
+        "--",
+        "python",
+        str(sc.repo / "train.py"),
+    ]
+    env = {**os.environ, "EB_TOKENS": "20000"}  # trials long enough to be caught mid-way
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=open(sc.tmp / "run.out", "wb"),  # noqa: SIM115 - closed with the process
+        stderr=open(sc.tmp / "run.err", "wb"),  # noqa: SIM115
+    )
+
+
+def test_kill_9_with_a_file_swapped_on_the_target_then_reset_restores_it(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    sc.write(
+        good={"env": {}},
+        bad={"env": {"EB_SLOW": str(SLOWDOWN)}},
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.2\n",
+    )
+    before = sc.fingerprint()
+    proc = _spawn(sc, sshd_server)
+    deadline = time.monotonic() + 120
+    while sc.loose.read_bytes() != b"lr = 0.1\n":
+        assert proc.poll() is None, (tmp_path / "run.err").read_text()
+        assert time.monotonic() < deadline, "no swap seen"
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    assert sc.loose.read_bytes() == b"lr = 0.1\n"  # left swapped on the target
+    out = _reset(sc).output
+    assert f"restored {sc.loose} (via " in out
     assert sc.fingerprint() == before

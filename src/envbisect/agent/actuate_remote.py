@@ -10,7 +10,8 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
               commits exist in a repo, ``rev-list`` between two commits, non-empty dirs
     venv      build the overlay venv (``uv venv`` + ``uv pip install --no-deps`` + link farm
               of the base site-packages minus hidden packages), or reuse a ready one
-    realize   git worktrees, journaled file swaps, fresh cache dirs for one trial
+    realize   git worktrees, journaled file swaps, fresh cache dirs for one trial (after
+              restoring any swap a dead process left open)
     restore   put back every journaled swap (idempotent; after every trial and on exit)
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
 
@@ -391,6 +392,9 @@ def _worktree(root, repo, head, path):
 def op_realize(params):
     root = params["root"]
     os.makedirs(root, exist_ok=True)
+    # A swap left by a process that died (kill -9, then --resume) must not leak into this
+    # state: every trial starts from the target's own files.
+    restore(root)
     for repo, head, path in params.get("worktrees") or ():
         failure = _worktree(root, repo, head, path)
         if failure:
