@@ -273,3 +273,98 @@ def test_local_version_labels_are_kept(tmp_path: Path, wheels: Path) -> None:
             "import ebwork, importlib.metadata as m; print(ebwork.WORK, m.version('ebwork'))",
         )
         assert out == "130 1.0+cu130"
+
+
+# ---- remote targets: the same actuators through a layer chain (the remote agent) ----------
+
+
+def _far(tmp_path: Path) -> tuple[object, Path]:
+    """A chain whose far side has its own HOME (so the remote session dir lands there)."""
+    from envbisect.transport import Transport
+
+    home = tmp_path / "far-home"
+    home.mkdir()
+    return Transport.from_specs([f"env HOME={home}"]), home
+
+
+def test_remote_overlay_venv_is_built_under_the_remote_session_dir(
+    tmp_path: Path, wheels: Path
+) -> None:
+    from tests.helpers_run import manifest
+
+    target = make_venv(tmp_path / "target", wheels, "ebwork==2.0", "ebonly==1.0")
+    before = (freeze(target), tree_hashes(target))
+    good = manifest(tmp_path / "m" / "good.yaml", packages={"ebwork": pkg("1.0")})
+    bad = manifest(
+        tmp_path / "m" / "bad.yaml", packages={"ebwork": pkg("2.0"), "ebonly": pkg("1.0")}
+    )
+    transport, home = _far(tmp_path)
+    act = _actuator(
+        tmp_path,
+        good,
+        bad,
+        str(target / "bin" / "python"),
+        transport=transport,
+        index_url=(tmp_path / "empty-index").as_uri(),
+        find_links=(str(wheels),),
+    )
+    assert act.blockers() == {}
+    with act.realize(frozenset(), {}, tmp_path / "t1") as state:
+        assert state.failure is None, state.failure
+        assert state.venv is not None
+        assert str(state.venv).startswith(f"{home}/.envbisect/session-")
+        probe = "import ebwork\ntry:\n    import ebonly; print(ebwork.WORK, 'visible')\n"
+        probe += "except ImportError: print(ebwork.WORK, 'hidden')\n"
+        assert _run(state.python, probe) == "1 hidden"
+        assert state.env["PATH"].startswith(f"{state.venv}/bin:")
+        assert state.env["VIRTUAL_ENV"] == str(state.venv)
+        # uv's own output is in the trial's log on this machine
+        assert (tmp_path / "t1" / "build-venv.stderr").exists()
+    with act.realize(frozenset(), {}, tmp_path / "t2") as again:
+        assert again.venv == state.venv  # cached by the package-set hash
+    assert (freeze(target), tree_hashes(target)) == before
+
+
+def test_remote_caches_data_and_blockers_are_decided_on_the_target(tmp_path: Path) -> None:
+    from tests.helpers_run import manifest
+
+    cache = tmp_path / "inductor"
+    (cache / "fx").mkdir(parents=True)
+    (cache / "fx" / "graph").write_text("compiled\n")
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n{}\n")
+    old = tmp_path / "old.jsonl"
+    old.write_text("{}\n")
+    warm = {"path": str(cache), "exists": True, "files": 1, "bytes": 9}
+    cold = {"path": str(cache), "exists": True, "files": 0, "bytes": 0}
+    good = manifest(
+        tmp_path / "good.yaml",
+        caches={"inductor": warm},
+        data={str(data): {"size": 3, "records": 1, "fingerprint": "a"}},
+    )
+    bad = manifest(
+        tmp_path / "bad.yaml",
+        caches={"inductor": cold},
+        data={str(data): {"size": 6, "records": 2, "fingerprint": "b"}},
+    )
+    transport, home = _far(tmp_path)
+    missing = {str(data): str(tmp_path / "nowhere.jsonl")}
+    act0 = _actuator(tmp_path / "a", good, bad, "python3", transport=transport, data_map=missing)
+    assert "data_map" in act0.blockers()[f"data:{data}"]
+    act = _actuator(
+        tmp_path / "b", good, bad, "python3", transport=transport, data_map={str(data): str(old)}
+    )
+    assert act.blockers() == {}
+    with act.realize(frozenset(), {}, tmp_path / "t1") as state:
+        sandbox = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
+        assert str(sandbox).startswith(f"{home}/.envbisect/session-")
+        assert (sandbox / "fx" / "graph").read_text() == "compiled\n"
+        assert Path(state.env["TRITON_CACHE_DIR"]).is_dir()
+        assert state.map_argv(["--data", str(data)]) == ["--data", str(old)]
+    with act.realize(frozenset({"caches:inductor", f"data:{data}"}), {}, tmp_path / "t2") as s2:
+        assert list(Path(s2.env["TORCHINDUCTOR_CACHE_DIR"]).iterdir()) == []
+        assert s2.map_argv([str(data)]) == [str(data)]
+    (cache / "fx" / "graph").unlink()
+    (cache / "fx").rmdir()
+    act2 = _actuator(tmp_path / "c", good, bad, "python3", transport=transport)
+    assert "no longer holds files" in act2.blockers()["caches:inductor"]
