@@ -1,13 +1,113 @@
-"""`envbisect smoke`."""
+"""`envbisect smoke`: run the built-in DFlash drafter training smoke test once."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import click
 
-from envbisect.errors import UsageError
+from envbisect.commands.common import config_option, resolve_target, target_options
+from envbisect.smoke.host import ATTN_BACKENDS, PRESETS
+
+
+def _load_config(config_path: str | None) -> Any:
+    """The envbisect.yaml config, or None where the config module is not available."""
+    try:
+        from envbisect.config import Config
+    except ImportError:
+        return None
+    return Config.load(Path(config_path) if config_path else None)
 
 
 @click.command("smoke")
-def command() -> int:
-    """Not built yet."""
-    raise UsageError("'envbisect smoke' is not built yet")
+@click.option("--preset", type=click.Choice(PRESETS), default=None, help="Default: auto.")
+@click.option("--attn", type=click.Choice(ATTN_BACKENDS), default=None, help="Default: auto.")
+@click.option("--compile/--no-compile", "compile_", default=None, help="Default: on for CUDA.")
+@click.option("--vary-shapes", is_flag=True, default=None, help="New shapes every step.")
+@click.option("--data", metavar="PATH", default=None, help="JSONL dataset (on the target).")
+@click.option("--drafter-threads", type=int, default=None, help="Drafters stepping at once.")
+@click.option("--device", default=None, help="auto, cpu, cuda, cuda:N.")
+@click.option("--steps", type=int, default=None, help="Timed steps.")
+@click.option("--warmup", type=int, default=None, help="Untimed warm-up steps.")
+@click.option("--batch", type=int, default=None)
+@click.option("--seq-len", type=int, default=None)
+@click.option("--anchors", type=int, default=None)
+@click.option("--layers", type=int, default=None)
+@click.option("--hidden", type=int, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option(
+    "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set in the target; repeatable."
+)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0)
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@target_options
+@config_option
+def command(
+    preset: str | None,
+    attn: str | None,
+    compile_: bool | None,
+    vary_shapes: bool | None,
+    data: str | None,
+    drafter_threads: int | None,
+    device: str | None,
+    steps: int | None,
+    warmup: int | None,
+    batch: int | None,
+    seq_len: int | None,
+    anchors: int | None,
+    layers: int | None,
+    hidden: int | None,
+    seed: int | None,
+    env_pairs: tuple[str, ...],
+    timeout_s: float,
+    log_dir: Path | None,
+    fmt: str,
+    python: str | None,
+    via: tuple[str, ...],
+    target_name: str | None,
+    print_command: bool,
+    config_path: str | None,
+) -> int:
+    """Run the built-in DFlash drafter training smoke test once, in the target Python.
+
+    Prints tok/s, step time, warm-up, MFU (on GPU) and the facts that explain regressions
+    (compile, recompiles, flex fallback, memory). Exit 0 ok, 1 the run failed (crash, OOM),
+    2 bad input.
+    """
+    from envbisect.commands.common import composed_command
+    from envbisect.smoke.host import build_params, parse_env, run_smoke, summary_lines
+
+    config = _load_config(config_path)
+    transport, target_python = resolve_target(config, python, via, target_name)
+    env = parse_env(env_pairs)
+    if print_command:
+        click.echo(composed_command(transport.with_env(env), target_python))
+        return 0
+    params = build_params(
+        preset=preset,
+        attn=attn,
+        compile=compile_,
+        vary_shapes=vary_shapes,
+        data=data,
+        drafter_threads=drafter_threads,
+        device=device,
+        steps=steps,
+        warmup=warmup,
+        batch=batch,
+        seq_len=seq_len,
+        anchors=anchors,
+        layers=layers,
+        hidden=hidden,
+        seed=seed,
+    )
+    outcome = run_smoke(
+        transport, target_python, params, timeout_s=timeout_s, log_dir=log_dir, env=env
+    )
+    if fmt == "json":
+        click.echo(json.dumps(outcome.result, sort_keys=True, indent=2))
+    else:
+        click.echo("\n".join(summary_lines(outcome)))
+    return outcome.exit_code

@@ -700,6 +700,16 @@ def _run_trainer(torch, tr, p, barrier, out):
             raise
 
 
+def _reset_dynamo(torch):
+    try:
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+    except Exception:
+        pass
+
+
 def _frames_ok(torch):
     try:
         from torch._dynamo.utils import counters
@@ -890,6 +900,7 @@ def run(params):
     warnings.showwarning = show
     try:
         _FLEX_EAGER_CALLS[0] = 0
+        _reset_dynamo(torch)  # counters and caches are per process: make them per run
         if dev.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         log(
@@ -958,6 +969,7 @@ def run(params):
         "p90": _percentile(steps, 0.9),
         "n": len(outs[0]["step_times"]),
     }
+    result["timed_tokens"] = tokens
     result["tok_per_s"] = tokens / window if window > 0 else None
     result["tflops"] = flops / window / 1e12 if window > 0 else None
     peak = _peak_tflops(p, dev_facts)

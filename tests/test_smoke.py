@@ -1,0 +1,285 @@
+"""The DFlash drafter smoke test: mask, training, result schema, knobs, host and CLI.
+
+Everything runs real torch on CPU at micro sizes (tests/helpers_smoke.py). Compiled paths use
+dynamo's ``eager`` backend: it counts graphs and recompiles exactly as inductor would, without
+the C++ build that makes CPU inductor too slow for a 2-core CI machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers_smoke import MICRO, MICRO_FLAGS, run_drafter_process
+
+torch = pytest.importorskip("torch")
+
+from envbisect.cli import cli  # noqa: E402  (after the torch skip)
+from envbisect.errors import SmokeError  # noqa: E402
+from envbisect.smoke import drafter, host  # noqa: E402
+from envbisect.transport import Transport  # noqa: E402
+
+
+def micro(**over):
+    return dict(MICRO, **over)
+
+
+# ----------------------------------------------------------------------------- mask
+
+
+def test_dflash_mask_matches_hand_computed_case() -> None:
+    # context of 6 tokens, blocks of 2, anchors at positions 1 and 4
+    anchors = torch.tensor([[1, 4]])
+    mask = drafter.dflash_mask_dense(torch, anchors, ctx_len=6, block_size=2)
+    # columns: context 0..5, then block 0 slots (6, 7), block 1 slots (8, 9)
+    block0 = [1, 0, 0, 0, 0, 0, 1, 1, 0, 0]  # before anchor 1: only token 0; own block
+    block1 = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1]  # before anchor 4: tokens 0..3; own block
+    expected = torch.tensor([[block0, block0, block1, block1]], dtype=torch.bool)
+    assert torch.equal(mask, expected)
+
+
+def test_flex_mask_mod_agrees_with_dense_mask() -> None:
+    anchors = torch.tensor([[3, 9, 20], [1, 2, 30]])
+    ctx, bs = 40, 4
+    dense = drafter.dflash_mask_dense(torch, anchors, ctx, bs)
+    mod = drafter.dflash_mask_mod(anchors, ctx, bs)
+    t = anchors.shape[1] * bs
+    b = torch.arange(2)[:, None, None]
+    q = torch.arange(t)[None, :, None]
+    kv = torch.arange(ctx + t)[None, None, :]
+    assert torch.equal(mod(b, 0, q, kv), dense)
+
+
+def test_attended_pairs_counts_the_mask() -> None:
+    anchors = torch.tensor([[1, 4]])
+    mask = drafter.dflash_mask_dense(torch, anchors, ctx_len=6, block_size=2)
+    assert drafter.attended_pairs(anchors, 2) == int(mask.sum())
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def test_loss_decreases_on_a_fixed_batch() -> None:
+    p = drafter.resolve_params(micro(lr=3e-3), cuda_available=False)
+    trainer = drafter.Trainer(torch, p)
+    batch = trainer.make_batch(p["seq_len"], p["anchors"])
+    losses = [float(trainer.step(batch)) for _ in range(30)]
+    # frozen random embedding and lm_head cap how far it can go; a broken gradient stays flat
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert sum(losses[-5:]) < sum(losses[:5]), losses
+
+
+def test_weighted_loss_matches_plain_cross_entropy() -> None:
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(10, 8, generator=gen, requires_grad=True)
+    w = torch.randn(20, 8, generator=gen)
+    labels = torch.randint(0, 20, (10,), generator=gen)
+    wts = torch.rand(10, generator=gen)
+    fused = drafter.make_linear_ce(torch, drafter.make_chunk_loss(torch), chunk=3)
+    loss = fused(h, w, labels, wts)
+    loss.backward()
+    h2 = h.detach().clone().requires_grad_(True)
+    per = torch.nn.functional.cross_entropy(h2 @ w.t(), labels, reduction="none")
+    ref = (per * wts).sum() / wts.sum()
+    ref.backward()
+    assert torch.allclose(loss, ref, atol=1e-5)
+    assert torch.allclose(h.grad, h2.grad, atol=1e-5)
+
+
+def test_slot_weights_decay_with_gamma() -> None:
+    p = drafter.resolve_params(micro(), cuda_available=False)
+    trainer = drafter.Trainer(torch, p)
+    w = trainer.slot_w
+    assert w.shape == (15,)
+    assert float(w[0]) == pytest.approx(1.0)
+    assert float(w[7]) == pytest.approx(pytest.importorskip("math").exp(-1.0))
+
+
+# ----------------------------------------------------------------------------- result
+
+
+def test_standalone_run_prints_line_and_writes_file(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    proc, line = run_drafter_process(MICRO_FLAGS, result_file=out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(out.read_text()) == line
+    assert set(drafter.RESULT_KEYS) <= set(line)
+    assert line["ok"] is True and line["error"] is None
+    assert line["tok_per_s"] > 0
+    assert line["step_s"]["p10"] <= line["step_s"]["median"] <= line["step_s"]["p90"]
+    assert line["device"]["type"] == "cpu"
+    assert line["attn"] == "sdpa" and line["compile"]["requested"] is False
+    assert line["torch"] == torch.__version__
+    assert line["fx_tracing"]["flag"] is False
+    assert "[smoke]" in proc.stderr and "[smoke]" not in proc.stdout
+
+
+def test_script_path_runs_without_envbisect_on_path(tmp_path: Path) -> None:
+    import subprocess
+
+    script = Path(drafter.__file__)
+    proc = subprocess.run(
+        [sys.executable, str(script), *MICRO_FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ENVBISECT_RESULT {")
+
+
+def test_agent_run_frames_result_and_keeps_stdout_line(tmp_path: Path) -> None:
+    result = Transport().run_agent(
+        sys.executable, "envbisect.smoke.drafter", micro(), timeout_s=300, log_dir=tmp_path
+    )
+    assert result["ok"] is True
+    stdout = b"".join(p.read_bytes() for p in tmp_path.rglob("*stdout*"))
+    assert b"\nENVBISECT_RESULT {" in stdout or stdout.startswith(b"ENVBISECT_RESULT {")
+
+
+def test_bad_params_are_a_params_error() -> None:
+    result = drafter.run(micro(heads=3, kv_heads=2))
+    assert result["ok"] is False
+    assert result["error"]["stage"] == "params"
+    assert "multiple of kv_heads" in result["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- knobs
+
+
+def test_vary_shapes_raises_recompiles() -> None:
+    base = drafter.run(micro(compile=True, compile_backend="eager", warmup=2, steps=4))
+    varied = drafter.run(
+        micro(compile=True, compile_backend="eager", warmup=2, steps=4, vary_shapes=True)
+    )
+    assert base["ok"] and varied["ok"], (base["error"], varied["error"])
+    assert base["compile"]["effective"] is True
+    assert base["dynamo"]["recompiles"] == 0
+    assert varied["dynamo"]["recompiles"] > 0
+
+
+def test_no_compile_compiles_nothing() -> None:
+    result = drafter.run(micro(compile=False))
+    assert result["ok"]
+    assert result["compile"] == {
+        "requested": False,
+        "backend": None,
+        "mode": None,
+        "disabled_by_env": False,
+        "effective": False,
+    }
+    assert result["dynamo"]["frames_compiled"] == 0
+
+
+def test_torch_compile_disable_env_is_reported() -> None:
+    flags = [*MICRO_FLAGS, "--compile", "--compile-backend=eager"]
+    _, result = run_drafter_process(flags, env={"TORCH_COMPILE_DISABLE": "1"})
+    assert result["ok"]
+    assert result["compile"]["requested"] is True
+    assert result["compile"]["disabled_by_env"] is True
+    assert result["compile"]["effective"] is False
+    assert result["env"]["TORCH_COMPILE_DISABLE"] == "1"
+
+
+def test_flex_eager_reports_the_fallback() -> None:
+    result = drafter.run(micro(attn="flex-eager"))
+    assert result["attn"] == "flex-eager"
+    assert result["flex_fallback"] is True
+    assert result["flex_eager_calls"] >= 1
+    if not result["ok"]:  # flex has no backward on CPU: the crash is a result
+        assert result["error"]["class"] == "NotImplementedError"
+
+
+def test_data_lengths_drive_the_batches(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"length": 48}\n{"input_ids": [1, 2, 3]}\n{"text": "a b c d"}\n')
+    result = drafter.run(micro(data=str(data), steps=3))
+    assert result["ok"], result["error"]
+    assert result["data"] == {"path": str(data), "records": 3}
+    # warm-up takes record 0; the timed steps records 1, 2, 0. Short records count as two
+    # blocks (32 tokens): 32 + 32 + 48.
+    assert result["timed_tokens"] == 112
+
+
+def test_data_shape_plan_follows_the_records() -> None:
+    p = drafter.resolve_params(micro(batch=2), cuda_available=False)
+    plan = drafter.ShapePlan(p, lengths=[40, 64, 128, 16])
+    assert plan.next() == (64, 4, 104)
+    assert plan.next() == (128, 8, 160)
+
+
+def test_bad_data_line_is_a_params_error(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"length": 48}\n{"nothing": 1}\n')
+    result = drafter.run(micro(data=str(data)))
+    assert result["error"]["stage"] == "params"
+    assert f"{data}:2:" in result["error"]["message"]
+
+
+def test_drafter_threads_step_concurrently() -> None:
+    result = drafter.run(micro(drafter_threads=2))
+    assert result["ok"], result["error"]
+    assert result["threads"] == {"count": 2, "errors": [], "crashed": 0}
+
+
+# ----------------------------------------------------------------------------- host and CLI
+
+
+def test_host_raises_smoke_error_for_params(tmp_path: Path) -> None:
+    with pytest.raises(SmokeError, match="multiple of kv_heads"):
+        host.run_smoke(
+            Transport(),
+            sys.executable,
+            micro(heads=3, kv_heads=2),
+            timeout_s=300,
+            log_dir=tmp_path,
+        )
+
+
+def test_host_parse_env() -> None:
+    assert host.parse_env(("A=1", "B=x=y")) == {"A": "1", "B": "x=y"}
+    with pytest.raises(SmokeError, match="NAME=VALUE"):
+        host.parse_env(("NOVALUE",))
+
+
+def test_cli_smoke_json_exit_0() -> None:
+    args = ["smoke", "--python", sys.executable, "--format", "json", "--steps", "2"]
+    args += ["--preset", "tiny", "--layers", "1", "--hidden", "64", "--seq-len", "64"]
+    args += ["--anchors", "4", "--batch", "1", "--warmup", "1"]
+    res = CliRunner().invoke(cli, args, standalone_mode=False)
+    assert res.exception is None, res.output
+    assert res.return_value == 0
+    assert json.loads(res.stdout)["ok"] is True
+
+
+def test_cli_smoke_failed_run_exit_1_and_env_reaches_target() -> None:
+    args = ["smoke", "--python", sys.executable, "--attn", "flex-eager", "--steps", "1"]
+    args += ["--preset", "tiny", "--layers", "1", "--hidden", "64", "--seq-len", "64"]
+    args += ["--anchors", "4", "--batch", "1", "--warmup", "1", "--env", "OMP_NUM_THREADS=1"]
+    args += ["--format", "json"]
+    res = CliRunner().invoke(cli, args, standalone_mode=False)
+    assert res.exception is None, res.output
+    result = json.loads(res.stdout)
+    assert result["env"]["OMP_NUM_THREADS"] == "1"
+    assert res.return_value == (0 if result["ok"] else 1)
+    assert result["flex_fallback"] is True
+
+
+def test_cli_smoke_missing_data_exits_2(tmp_path: Path) -> None:
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "smoke", "--python", sys.executable]
+        + ["--data", str(tmp_path / "missing.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("envbisect: error: smoke parameters rejected")
+    assert "missing.jsonl" in proc.stderr and "Traceback" not in proc.stderr
