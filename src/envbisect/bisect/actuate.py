@@ -223,6 +223,7 @@ class Actuator:
     _blocked: frozenset[str] | None = None
     _facts: dict[str, Any] | None = None  # remote: answers of the agent's inspect
     _remote_dirty: bool = False  # remote: files may be swapped there right now
+    _remote_venvs: set[str] = field(default_factory=set)  # remote: venvs known ready
 
     @property
     def remote(self) -> bool:
@@ -794,6 +795,8 @@ class Actuator:
         if target.uv is None:
             return None, "build: uv is not available on the target"
         venv = f"{self.remote_root()}/venvs/{digest}"
+        if venv in self._remote_venvs:
+            return Path(venv), None  # built (or found ready) there earlier in this run
         out = self._agent(
             "venv",
             {
@@ -815,6 +818,7 @@ class Actuator:
         if out.get("failure"):
             why = str(out["failure"])
             return None, f"{why} (full log: {trial_dir / 'build-venv.stderr'})"
+        self._remote_venvs.add(venv)
         return Path(str(out["venv"])), None
 
     def _uv(self) -> str:
