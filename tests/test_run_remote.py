@@ -25,6 +25,7 @@ from helpers_ssh import (  # the same module object as test_transport_ssh's: one
     sshd_server,  # noqa: F401 - a pytest fixture, used by name
 )
 
+from envbisect.bisect.session import Session
 from envbisect.cli import cli
 from tests.helpers_run import SLOWDOWN, Scenario, file_entry, pkg, run_workload, store_blob
 
@@ -106,6 +107,8 @@ def test_package_culprit_is_found_in_a_venv_built_on_the_target(
     )
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
+    # 4 units: endpoints + binary isolation + confirming the culprit
+    assert 3 <= len(doc["trials"]) <= 2 + 2 + 2
     assert doc["not_bisected"] == {}
     # The venvs were built under the remote session dir, by uv on the far side.
     root = _remote_root(sc)
@@ -153,6 +156,7 @@ def test_file_culprit_is_swapped_on_the_target_and_restored(
     )
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == [f"files:{knob}"]
+    assert 3 <= len(doc["trials"]) <= 2 + 2 + 2  # 3 units
     # The swaps went through the remote journal, and every one was restored.
     journal = [json.loads(x) for x in (_remote_root(sc) / "journal.jsonl").read_text().splitlines()]
     swapped = {e["id"] for e in journal if e["op"] == "swap"}
@@ -190,8 +194,15 @@ def test_git_culprit_is_narrowed_in_worktrees_on_the_target(
     [culprit] = doc["culprits"]
     assert culprit["unit"] == f"git:{sc.repo}"
     assert culprit["commit"] == slow
-    # the worktrees lived under the remote session dir and are gone
-    assert not list((_remote_root(sc) / "worktrees").glob("*/train.py"))
+    # 2 endpoints + isolating 1 of 2 units + confirming + narrowing 3 commits
+    assert len(doc["trials"]) <= 2 + 2 + 2 + 2
+    # the worktrees lived under the remote session dir (added by the agent, not from here)
+    # and are gone
+    worktrees = _remote_root(sc) / "worktrees"
+    assert worktrees.is_dir() and not list(worktrees.glob("*/train.py"))
+    events = Session.existing(tmp_path / "session").events()
+    assert not [e for e in events if e["type"] == "worktree"]
+    assert [e["root"] for e in events if e["type"] == "remote"] == [str(_remote_root(sc))]
     assert sc.fingerprint() == before
 
 
