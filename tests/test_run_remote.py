@@ -282,7 +282,7 @@ def test_builtin_smoke_gets_the_per_trial_environment_on_the_far_side(
     assert not list((tmp_path / "trial").glob("*.result.json"))
 
 
-def _spawn(sc: Scenario, ssh: SshServer) -> subprocess.Popen[bytes]:
+def _spawn(sc: Scenario, ssh: SshServer, *extra: str) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable,
         "-m",
@@ -297,6 +297,7 @@ def _spawn(sc: Scenario, ssh: SshServer) -> subprocess.Popen[bytes]:
         "--session",
         str(sc.tmp / "session"),
         *_chain(sc, ssh),
+        *extra,
         "--",
         "python",
         str(sc.repo / "train.py"),
@@ -310,9 +311,11 @@ def _spawn(sc: Scenario, ssh: SshServer) -> subprocess.Popen[bytes]:
     )
 
 
-def test_kill_9_with_a_file_swapped_on_the_target_then_reset_restores_it(
+@pytest.mark.parametrize("then", ["reset", "resume"])
+def test_kill_9_with_a_file_swapped_on_the_target_then_reset_or_resume(
     tmp_path: Path,
     sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+    then: str,
 ) -> None:
     sc = Scenario(tmp_path)
     sc.venv("ebwork==1.0")
@@ -332,6 +335,12 @@ def test_kill_9_with_a_file_swapped_on_the_target_then_reset_restores_it(
     proc.kill()
     proc.wait()
     assert sc.loose.read_bytes() == b"lr = 0.1\n"  # left swapped on the target
-    out = _reset(sc).output
-    assert f"restored {sc.loose} (via " in out
+    if then == "reset":
+        out = _reset(sc).output
+        assert f"restored {sc.loose} (via " in out
+    else:
+        resumed = _spawn(sc, sshd_server, "--resume", "--json", str(tmp_path / "result.json"))
+        assert resumed.wait(timeout=300) == 0, (tmp_path / "run.err").read_text()
+        doc = json.loads((tmp_path / "result.json").read_text())
+        assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert sc.fingerprint() == before
