@@ -8,6 +8,11 @@ times as the engine asks, each run through ``Transport.run`` (its process group 
 the per-trial timeout) with full stdout/stderr under ``<session>/trials/NNN/``. Every trial
 is appended to the session log before the engine sees it, so ``--resume`` after ``kill -9``
 feeds the logged samples back instead of measuring again.
+
+Through ``--via``/``--target`` the state's environment reaches the far process as innermost
+``env [-u NAME ...] NAME=value ...`` layers (the difference from this process's own
+environment), for the built-in drafter shipped on stdin and for a user command alike; the
+actuator realizes everything else on the target (see ``bisect.actuate``).
 """
 
 from __future__ import annotations
