@@ -35,6 +35,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -680,13 +681,9 @@ class Transport:
                     f"cannot start {full[0]!r} (via {self.describe()}): {exc.strerror}"
                 ) from None
             try:
-                # communicate() feeds stdin without blocking past the timeout (a hop that
-                # hangs before reading must not hold a large program's write forever) and
-                # ignores a reader that went away (EPIPE).
-                proc.communicate(input=stdin, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
+                timed_out = not _feed_and_wait(proc, stdin, timeout_s)
+                if timed_out:
+                    _kill_group(proc)
             except BaseException:
                 _kill_group(proc)
                 raise
@@ -746,6 +743,30 @@ class Transport:
                 f"Linux allows {MAX_ARG_BYTES} per argument (shell layers quote the whole "
                 "inner command into one): pass large data on stdin or in a file"
             )
+
+
+def _feed_and_wait(proc: subprocess.Popen[bytes], data: bytes, timeout_s: float | None) -> bool:
+    """Feed stdin and wait for the exit; False when ``timeout_s`` passed first.
+
+    Both happen in threads: the write must not block past the timeout (a hop that hangs
+    before reading must not hold a large program's write forever; a reader that went away
+    is ignored), and a blocking ``waitpid`` returns the moment the child exits, where
+    ``Popen.wait(timeout=...)`` polls with sleeps of up to 50 ms.
+    """
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        with contextlib.suppress(OSError):
+            proc.stdin.write(data)
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    waiter = threading.Thread(target=proc.wait, daemon=True)
+    feeder.start()
+    waiter.start()
+    waiter.join(timeout_s)
+    return not waiter.is_alive()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
