@@ -456,7 +456,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             if not unit.bisectable:
                 progress(f"not bisected: {unit.title}: {unit.reason}")
             elif unit.id in blocked:
-                progress(f"not bisected: {unit.title}: {blocked[unit.id]}")
+                # The actuator's reason already starts with the section and key.
+                progress(f"not bisected: {blocked[unit.id]}")
         for note in notes:
             progress(f"note: {note}")
         ordered = actuator.ordered()
