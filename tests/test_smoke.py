@@ -108,7 +108,7 @@ def test_standalone_run_prints_line_and_writes_file(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == line
     assert set(drafter.RESULT_KEYS) <= set(line)
     assert line["ok"] is True and line["error"] is None
-    assert line["tok_per_s"] > 0
+    assert line["tok_per_s"] > 0 and line["tok_per_s_steady"] > 0
     assert line["step_s"]["p10"] <= line["step_s"]["median"] <= line["step_s"]["p90"]
     assert line["device"]["type"] == "cpu"
     assert line["attn"] == "sdpa" and line["compile"]["requested"] is False
