@@ -283,3 +283,11 @@ def test_cli_smoke_missing_data_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("envbisect: error: smoke parameters rejected")
     assert "missing.jsonl" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_smoke_print_command_shows_env_layer() -> None:
+    args = ["smoke", "--python", "/opt/py/bin/python3", "--env", "OMP_NUM_THREADS=1"]
+    res = CliRunner().invoke(cli, [*args, "--print-command"], standalone_mode=False)
+    assert res.exception is None, res.output
+    assert res.return_value == 0
+    assert res.stdout.strip() == "env OMP_NUM_THREADS=1 /opt/py/bin/python3 -"
