@@ -31,7 +31,7 @@ def test_demo_names_the_one_real_culprit_and_reuses_what_it_built(tmp_path: Path
     # It shows the real commands a user would type, in order.
     shown = [line for line in first.stderr.splitlines() if line.startswith("$ ")]
     verbs = [line.split("envbisect ", 1)[1].split()[0] for line in shown if "envbisect " in line]
-    assert verbs == ["snapshot", "snapshot", "diff", "run"]
+    assert verbs == ["snapshot", "smoke", "snapshot", "diff", "run"]
     result = json.loads((workdir / "result.json").read_text())
     assert result["outcome"] == "found"
     assert [c["unit"] for c in result["culprits"]] == [f"env:{demo.CULPRIT_ENV[0]}"]
