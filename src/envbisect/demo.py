@@ -25,6 +25,7 @@ This module only builds files, venvs and repos; it never prints.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -124,12 +125,14 @@ def _pip_install(sc: Scenario, requirement: str) -> None:
 
 
 def _torch_site() -> Path:
-    """The site directory the installed CPU torch lives in (reused, never downloaded)."""
-    try:
-        import torch  # noqa: PLC0415 - only the demo needs to know where torch is
-    except ImportError:
-        raise DemoError("torch is not installed here: run 'make install' first") from None
-    return Path(torch.__file__).resolve().parents[1]
+    """The site directory the installed CPU torch lives in (reused, never downloaded).
+
+    Found without importing torch, which would cost seconds and print warnings.
+    """
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        raise DemoError("torch is not installed here: run 'make install' first")
+    return Path(spec.origin).resolve().parents[1]
 
 
 def _git(repo: Path, *args: str, when: str) -> None:

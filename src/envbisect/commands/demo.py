@@ -85,7 +85,7 @@ def command(workdir: Path, rebuild: bool) -> int:
         _say(f"building the good state in {root}")
         sc = demo.build_good_state(root, _say)
         _run_step(demo.snapshot_step(sc, me, "good"))
-        _say("measuring the good state once (what 'training used to do')")
+        _say("measuring the good state (what 'training used to do')")
         good_tps = _measure_good(sc, me)
         threshold = round(good_tps * demo.THRESHOLD_FRACTION / 1000, 1)
         _say(
