@@ -22,7 +22,7 @@ Usage:
         # one call through the chain, then exit: for timing whole processes A/B from outside
     python benchmarks/bench_transport.py --serve-sshd
         # start the test sshd, print its --via string, keep it up until interrupted
-Nothing is asserted; results are recorded in benchmarks/results/transport.md.
+Nothing is asserted; results are recorded in benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

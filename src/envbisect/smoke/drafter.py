@@ -101,7 +101,7 @@ PRESETS = {
         "target_layers": 5,
         "seq_len": 3072,
         "anchors": 512,
-        "batch": 1,  # measured: 52% MFU on an H200 (benchmarks/results/smoke.md)
+        "batch": 1,  # measured: 52% MFU on an H200 (benchmarks/RESULTS.md)
         "warmup": 3,
         "steps": 8,
         "loss_chunk": 4096,
