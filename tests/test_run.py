@@ -78,7 +78,11 @@ def test_env_var_culprit_among_packages_and_files(tmp_path: Path) -> None:
     assert 3 <= len(doc["trials"]) <= _max_trials(units)
     assert "Culprit: env EB_SLOW unset → 8 — " in res.stdout
     report = (tmp_path / "report.md").read_text()
-    assert "Culprit: env EB_SLOW" in report and "envbisect run --good" in report
+    assert (
+        "Culprit: env EB_SLOW" in report
+        and "envbisect run --config " in report
+        and " --good " in report
+    )
     assert sc.fingerprint() == before
     session = Session.existing(tmp_path / "session")
     assert session.finished() and not (session.root / "worktrees").exists()

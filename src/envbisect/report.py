@@ -86,6 +86,7 @@ def reproduce_command(result: RunResult) -> str:
     argv = [
         "envbisect",
         "run",
+        *result.target_args,
         "--good",
         str(result.good_path),
         "--bad",

@@ -296,6 +296,7 @@ class RunResult:
     smoke: SmokeCommand
     good_median: float | None = None
     bad_median: float | None = None
+    target_args: tuple[str, ...] = ()  # --config/--python/--via words that reproduce the run
 
     @property
     def exit_code(self) -> int:
@@ -543,6 +544,7 @@ def _nothing_to_bisect(
         good_path=options.good,
         bad_path=bad_path,
         smoke=options.smoke,
+        target_args=_target_args(options),
     )
 
 
@@ -619,7 +621,20 @@ def _result(
         smoke=options.smoke,
         good_median=good_med,
         bad_median=bad_med,
+        target_args=_target_args(options),
     )
+
+
+def _target_args(options: RunOptions) -> tuple[str, ...]:
+    """The words that point a re-run at the same config, target python and layer chain."""
+    words: list[str] = []
+    path = getattr(options.config, "path", None)
+    if path:
+        words += ["--config", str(path)]
+    words += ["--python", options.python]
+    for layer in options.transport.layers:
+        words += ["--via", layer.describe()]
+    return tuple(words)
 
 
 def validate_options(options: RunOptions) -> None:
