@@ -47,7 +47,7 @@ left out unless ``include_volatile=True``; ``DiffResult.hidden`` counts them.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -335,30 +335,61 @@ def _keys(g: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return list(g) + [k for k in b if k not in g]
 
 
-# --------------------------------------------------------------------------- sections
-
-
-def _diff_scalars(section: str, g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
+def _differing(g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every key whose raw values differ, in ``_keys`` order."""
     for key in _keys(g, b):
         old, new = g.get(key), b.get(key)
         if old == new:
             continue
+        yield key, old, new
+
+
+# (source, key, raw value) -> the entry as a mapping, or None where the side lacks it.
+_ReadEntry = Callable[[str, str, Any], dict[str, Any] | None]
+# (key, old entry, new entry, added/removed/changed, old compared value, new compared value)
+_EntryPair = tuple[str, dict[str, Any] | None, dict[str, Any] | None, ChangeKind, Any, Any]
+
+
+def _entry_pairs(
+    section: str,
+    src: tuple[str, str],
+    g: Mapping[str, Any],
+    b: Mapping[str, Any],
+    compared: Callable[[dict[str, Any]], Any],
+    read: _ReadEntry | None = None,
+) -> Iterator[_EntryPair]:
+    """The entries of a mapping-valued section that differ, read on both sides.
+
+    ``read`` turns a raw value into an entry (default: ``_entry``, which raises ManifestError
+    for a non-mapping); ``compared`` gives the value a Change shows for a present entry.
+    """
+    for key, old_raw, new_raw in _differing(g, b):
+        if read is None:
+            old = _entry(src[0], section, key, old_raw)
+            new = _entry(src[1], section, key, new_raw)
+        else:
+            old = read(src[0], key, old_raw)
+            new = read(src[1], key, new_raw)
+        kind = _add_remove(section, key, old, new)
+        ov = None if old is None else compared(old)
+        nv = None if new is None else compared(new)
+        yield key, old, new, kind, ov, nv
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _diff_scalars(section: str, g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
+    for key, old, new in _differing(g, b):
         yield _scalar_change(section, key, old, new), section == "meta" or key in VOLATILE_KEYS
 
 
 def _diff_packages(
     src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
 ) -> Iterator[_Found]:
-    for name in _keys(g, b):
-        old_raw, new_raw = g.get(name), b.get(name)
-        if old_raw == new_raw:
-            continue
-        old = _package_entry(src[0], name, old_raw)
-        new = _package_entry(src[1], name, new_raw)
-        ov = None if old is None else old.get("version")
-        nv = None if new is None else new.get("version")
+    pairs = _entry_pairs("packages", src, g, b, _version_of, read=_package_entry)
+    for name, old, new, kind, ov, nv in pairs:
         if old is None or new is None:
-            kind = _add_remove("packages", name, old, new)
             yield Change("packages", name, ov, nv, kind), False
             continue
         if ov != nv:
@@ -380,6 +411,10 @@ def _diff_packages(
             yield Change("packages", name, ov, nv, ChangeKind.CHANGED, note), True
 
 
+def _version_of(entry: Mapping[str, Any]) -> Any:
+    return entry.get("version")
+
+
 def _package_entry(source: str, name: str, value: Any) -> dict[str, Any] | None:
     if isinstance(value, str):  # tolerate a bare version string
         return {"version": value}
@@ -392,18 +427,14 @@ def _strip_volatile(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in entry.items() if k not in VOLATILE_KEYS}
 
 
+def _sha256_of(entry: Mapping[str, Any]) -> Any:
+    return _error_of(entry) or entry.get("sha256")
+
+
 def _diff_files(
     src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
 ) -> Iterator[_Found]:
-    for path in _keys(g, b):
-        old_raw, new_raw = g.get(path), b.get(path)
-        if old_raw == new_raw:
-            continue
-        old = _entry(src[0], "files", path, old_raw)
-        new = _entry(src[1], "files", path, new_raw)
-        kind = _add_remove("files", path, old, new)
-        ov = None if old is None else (_error_of(old) or old.get("sha256"))
-        nv = None if new is None else (_error_of(new) or new.get("sha256"))
+    for path, old, new, kind, ov, nv in _entry_pairs("files", src, g, b, _sha256_of):
         if old is not None and new is not None:
             same_content = ov == nv and old.get("size") == new.get("size")
             if same_content:
@@ -429,15 +460,7 @@ def _git_desc(entry: Mapping[str, Any]) -> str:
 
 
 def _diff_git(src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
-    for repo in _keys(g, b):
-        old_raw, new_raw = g.get(repo), b.get(repo)
-        if old_raw == new_raw:
-            continue
-        old = _entry(src[0], "git", repo, old_raw)
-        new = _entry(src[1], "git", repo, new_raw)
-        kind = _add_remove("git", repo, old, new)
-        ov = None if old is None else _git_desc(old)
-        nv = None if new is None else _git_desc(new)
+    for repo, old, new, kind, ov, nv in _entry_pairs("git", src, g, b, _git_desc):
         notes = []
         if old is not None and new is not None:
             if old.get("untracked") != new.get("untracked"):
@@ -468,15 +491,7 @@ def _data_desc(entry: Mapping[str, Any]) -> str:
 def _diff_data(
     src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
 ) -> Iterator[_Found]:
-    for path in _keys(g, b):
-        old_raw, new_raw = g.get(path), b.get(path)
-        if old_raw == new_raw:
-            continue
-        old = _entry(src[0], "data", path, old_raw)
-        new = _entry(src[1], "data", path, new_raw)
-        kind = _add_remove("data", path, old, new)
-        ov = None if old is None else _data_desc(old)
-        nv = None if new is None else _data_desc(new)
+    for path, old, new, kind, ov, nv in _entry_pairs("data", src, g, b, _data_desc):
         if old is not None and new is not None and _strip_volatile(old) == _strip_volatile(new):
             yield Change("data", path, ov, nv, kind, "only metadata differs"), True
             continue
@@ -520,15 +535,7 @@ def _subdir_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[int,
 def _diff_caches(
     src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
 ) -> Iterator[_Found]:
-    for name in _keys(g, b):
-        old_raw, new_raw = g.get(name), b.get(name)
-        if old_raw == new_raw:
-            continue
-        old = _entry(src[0], "caches", name, old_raw)
-        new = _entry(src[1], "caches", name, new_raw)
-        kind = _add_remove("caches", name, old, new)
-        ov = None if old is None else _cache_desc(old)
-        nv = None if new is None else _cache_desc(new)
+    for name, old, new, kind, ov, nv in _entry_pairs("caches", src, g, b, _cache_desc):
         if old is None or new is None:
             yield Change("caches", name, ov, nv, kind), False
             continue
@@ -576,18 +583,14 @@ def _diff_env(g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
         yield Change("env", name, old, new, kind or ChangeKind.CHANGED, note), False
 
 
+def _status_of(entry: Mapping[str, Any]) -> Any:
+    return _error_of(entry) or entry.get("status")
+
+
 def _diff_probes(
     src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
 ) -> Iterator[_Found]:
-    for name in _keys(g, b):
-        old_raw, new_raw = g.get(name), b.get(name)
-        if old_raw == new_raw:
-            continue
-        old = _entry(src[0], "probes", name, old_raw)
-        new = _entry(src[1], "probes", name, new_raw)
-        kind = _add_remove("probes", name, old, new)
-        ov = None if old is None else (_error_of(old) or old.get("status"))
-        nv = None if new is None else (_error_of(new) or new.get("status"))
+    for name, old, new, kind, ov, nv in _entry_pairs("probes", src, g, b, _status_of):
         note = None
         if old is not None and new is not None:
             if _strip_volatile(old) == _strip_volatile(new):
@@ -616,10 +619,7 @@ def _devices_desc(devices: Any) -> Any:
 
 
 def _diff_gpu(g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
-    for key in _keys(g, b):
-        old, new = g.get(key), b.get(key)
-        if old == new:
-            continue
+    for key, old, new in _differing(g, b):
         if key == "devices":
             ov, nv = _devices_desc(old), _devices_desc(new)
             kind = _add_remove("gpu", key, old, new)
@@ -631,9 +631,8 @@ def _diff_gpu(g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
 
 def _diff_generic(section: str, g: Any, b: Any) -> Iterator[_Found]:
     if isinstance(g, dict) and isinstance(b, dict):
-        for key in _keys(g, b):
-            if g.get(key) != b.get(key):
-                yield _scalar_change(section, str(key), g.get(key), b.get(key)), False
+        for key, old, new in _differing(g, b):
+            yield _scalar_change(section, str(key), old, new), False
     elif g != b:
         yield _scalar_change(section, section, g, b), False
 
