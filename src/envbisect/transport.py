@@ -160,6 +160,23 @@ def _bad(text: str, why: str) -> TransportError:
     return TransportError(f"--via {text.strip()!r}: {why}")
 
 
+def _check_dashdash_last(words: Sequence[str], at: int, text: str) -> None:
+    """A layer's ``--`` (at ``words[at]``) must end it: words after it would be a command."""
+    if at + 1 < len(words):
+        raise _bad(
+            text,
+            f"words after '--' ({shell_join(words[at + 1 :])}) would be a "
+            "command; give it its own --via",
+        )
+
+
+def _tty_error(text: str, tool: str, option: str) -> TransportError:
+    return _bad(
+        text,
+        f"{tool} exec must not get {option}: a tty mangles the program on stdin; envbisect adds -i",
+    )
+
+
 def _ends_in_shell_c(words: Sequence[str]) -> bool:
     if not words or not _DASH_C.fullmatch(words[-1]):
         return False
@@ -258,12 +275,7 @@ def _fix_pct(words: list[str], text: str) -> Layer:
     while i < len(rest):
         word = rest[i]
         if word == "--":
-            if i + 1 < len(rest):
-                raise _bad(
-                    text,
-                    f"words after '--' ({shell_join(rest[i + 1 :])}) would be a "
-                    "command; give it its own --via",
-                )
+            _check_dashdash_last(rest, i, text)
             return Layer(tuple(words), LayerKind.ARGV)
         if word == "--keep-env":
             i += 2
@@ -298,21 +310,12 @@ def _fix_kubectl(words: list[str], text: str) -> Layer:
     while i < len(words):
         word = words[i]
         if word == "--":
-            if i + 1 < len(words):
-                raise _bad(
-                    text,
-                    f"words after '--' ({shell_join(words[i + 1 :])}) would be a "
-                    "command; give it its own --via",
-                )
+            _check_dashdash_last(words, i, text)
             break
         if word.startswith("--"):
             name, eq, value = word.partition("=")
             if name == "--tty" and value.lower() not in ("false", "0"):
-                raise _bad(
-                    text,
-                    "kubectl exec must not get --tty: a tty mangles the program "
-                    "on stdin; envbisect adds -i",
-                )
+                raise _tty_error(text, "kubectl", "--tty")
             if name == "--stdin" and value.lower() not in ("false", "0"):
                 has_i = True
             out.append(word)
@@ -332,11 +335,7 @@ def _fix_kubectl(words: list[str], text: str) -> Layer:
             else:
                 for c in word[1:]:
                     if c == "t":
-                        raise _bad(
-                            text,
-                            "kubectl exec must not get -t: a tty mangles the "
-                            "program on stdin; envbisect adds -i",
-                        )
+                        raise _tty_error(text, "kubectl", "-t")
                     if c == "i":
                         has_i = True
                     elif c != "q":
@@ -385,11 +384,7 @@ def _fix_container_exec(words: list[str], text: str) -> Layer:
             name, eq, value = word.partition("=")
             off = value.lower() in ("false", "0")
             if name == "--tty" and not off:
-                raise _bad(
-                    text,
-                    f"{tool} exec must not get --tty: a tty mangles the program "
-                    "on stdin; envbisect adds -i",
-                )
+                raise _tty_error(text, tool, "--tty")
             if name == "--detach" and not off:
                 raise _bad(text, f"{tool} exec must not get --detach: the result would be lost")
             if name == "--interactive" and not off:
@@ -399,11 +394,7 @@ def _fix_container_exec(words: list[str], text: str) -> Layer:
         elif word.startswith("-") and len(word) > 1:
             for j, c in enumerate(word[1:], 1):
                 if c == "t":
-                    raise _bad(
-                        text,
-                        f"{tool} exec must not get -t: a tty mangles the program "
-                        "on stdin; envbisect adds -i",
-                    )
+                    raise _tty_error(text, tool, "-t")
                 if c == "d":
                     raise _bad(text, f"{tool} exec must not get -d: the result would be lost")
                 if c == "i":
@@ -454,12 +445,7 @@ def _fix_srun(words: list[str], text: str) -> Layer:
     while i < len(words):
         word = words[i]
         if word == "--":
-            if i + 1 < len(words):
-                raise _bad(
-                    text,
-                    f"words after '--' ({shell_join(words[i + 1 :])}) would be a "
-                    "command; give it its own --via",
-                )
+            _check_dashdash_last(words, i, text)
             break
         if word.startswith("--"):
             name, eq, value = word.partition("=")
@@ -503,13 +489,7 @@ def _fix_srun(words: list[str], text: str) -> Layer:
 
 def _fix_lxc_attach(words: list[str], text: str) -> Layer:
     if "--" in words:
-        at = words.index("--")
-        if at != len(words) - 1:
-            raise _bad(
-                text,
-                f"words after '--' ({shell_join(words[at + 1 :])}) would be a "
-                "command; give it its own --via",
-            )
+        _check_dashdash_last(words, words.index("--"), text)
         return Layer(tuple(words), LayerKind.ARGV)
     return Layer((*words, "--"), LayerKind.ARGV)
 
