@@ -5,11 +5,18 @@ Made for ``git bisect run envbisect check --until-ktoks 12000 -- python train.py
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from envbisect.commands.common import config_option, resolve_target, target_options
+from envbisect.commands.common import (
+    config_option,
+    load_config,
+    metric_regex_option,
+    resolve_target,
+    smoke_command,
+    smoke_command_line,
+    target_options,
+    timeout_option,
+)
 
 
 @click.command("check", context_settings={"ignore_unknown_options": True})
@@ -21,13 +28,8 @@ from envbisect.commands.common import config_option, resolve_target, target_opti
     help="Good means at least this many tokens/s: 12000, 12k or 12.8k.",
 )
 @click.option("--repeats", default=1, show_default=True, help="Runs; their median counts.")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds per run.")
-@click.option(
-    "--metric-regex",
-    metavar="REGEX",
-    help="Read tok/s from the output with this regex; the unit follows the group, "
-    "e.g. '([0-9.]+) Ktok/s'.",
-)
+@timeout_option
+@metric_regex_option
 @target_options
 @config_option
 @click.argument("smoke_argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ...]")
@@ -50,27 +52,19 @@ def command(
     --metric-regex. Without CMD, the smoke: command of envbisect.yaml, else the built-in
     drafter smoke test, runs in --python.
     """
-    from envbisect.config import Config
     from envbisect.errors import UsageError
-    from envbisect.metric import MetricSpec, format_tok, parse_ktoks
+    from envbisect.metric import format_tok, parse_ktoks
     from envbisect.report import start_line
-    from envbisect.runner import SmokeCommand, check
+    from envbisect.runner import check
 
     threshold = parse_ktoks(until)
     if repeats < 1:
         raise UsageError("--repeats must be at least 1")
-    config = Config.load(Path(config_path) if config_path else None)
+    config = load_config(config_path)
     transport, py = resolve_target(config, python, via, target_name)
-    argv = tuple(smoke_argv) or tuple(config.smoke or ())
-    smoke = SmokeCommand(argv, MetricSpec.parse(metric_regex) if metric_regex else None)
+    smoke = smoke_command(smoke_argv, config, metric_regex)
     if print_command:
-        from envbisect.commands.common import composed_command
-
-        click.echo(
-            composed_command(transport, py, ["-"])
-            if smoke.builtin
-            else transport.command_line(list(argv))
-        )
+        click.echo(smoke_command_line(transport, py, smoke))
         return 0
     click.echo(f"envbisect check: {start_line(threshold)}; running {smoke.describe()}", err=True)
     result = check(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -10,6 +11,8 @@ import click
 from envbisect.errors import TransportError
 
 if TYPE_CHECKING:
+    from envbisect.config import Config
+    from envbisect.runner import SmokeCommand
     from envbisect.transport import Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,6 +60,67 @@ def config_option(func: F) -> F:
         default=None,
         help="envbisect.yaml to use (default: found by walking up from the current directory).",
     )(func)
+
+
+def load_config(config_path: str | None) -> Config:
+    """The envbisect.yaml given by ``--config``, else the one found from the current directory."""
+    from envbisect.config import Config
+
+    return Config.load(Path(config_path) if config_path else None)
+
+
+def session_option(func: F) -> F:
+    """``--session DIR``."""
+    return click.option(
+        "--session",
+        "session_dir",
+        metavar="DIR",
+        help="Session directory (default .envbisect/session).",
+    )(func)
+
+
+def session_root(config: Config, session_dir: str | None) -> Path:
+    """The ``--session`` directory, by default ``.envbisect/session`` beside envbisect.yaml."""
+    return Path(session_dir) if session_dir else config.root / ".envbisect" / "session"
+
+
+def timeout_option(func: F) -> F:
+    """``--timeout SECONDS`` of one smoke run (check, run)."""
+    return click.option(
+        "--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds per run."
+    )(func)
+
+
+def metric_regex_option(func: F) -> F:
+    """``--metric-regex REGEX``."""
+    return click.option(
+        "--metric-regex",
+        metavar="REGEX",
+        help="Read tok/s from the output with this regex; the unit follows the group, "
+        "e.g. '([0-9.]+) Ktok/s'.",
+    )(func)
+
+
+def smoke_command(
+    smoke_argv: Sequence[str], config: Config, metric_regex: str | None
+) -> SmokeCommand:
+    """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
+    its tok/s read with ``--metric-regex`` when given."""
+    from envbisect.metric import MetricSpec
+    from envbisect.runner import SmokeCommand
+
+    return SmokeCommand(
+        tuple(smoke_argv) or tuple(config.smoke or ()),
+        MetricSpec.parse(metric_regex) if metric_regex else None,
+    )
+
+
+def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -> str:
+    """What ``--print-command`` of check and run prints: the built-in drafter run by
+    ``python``, or the user's smoke command, through the chain."""
+    if smoke.builtin:
+        return composed_command(transport, python)
+    return transport.command_line(list(smoke.argv))
 
 
 def resolve_target(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
 
 import click
 
-from envbisect.commands.common import config_option, resolve_target, target_options
+from envbisect.commands.common import config_option, load_config, resolve_target, target_options
 from envbisect.errors import UsageError
 
 FORMATS = ("table", "markdown", "json", "yaml")
@@ -71,9 +70,8 @@ def command(
         bad_manifest = manifest.load(bad)
     else:
         from envbisect.collect import take_snapshot
-        from envbisect.config import Config
 
-        config = Config.load(Path(config_path) if config_path else None)
+        config = load_config(config_path)
         transport, target_python = resolve_target(config, python, via, target_name)
         if print_command:
             click.echo(shlex.join(transport.compose([target_python, "-"])))

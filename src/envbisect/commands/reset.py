@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from envbisect.commands.common import config_option
+from envbisect.commands.common import config_option, load_config, session_option, session_root
 
 
 @click.command("reset")
-@click.option(
-    "--session",
-    "session_dir",
-    metavar="DIR",
-    help="Session directory (default .envbisect/session).",
-)
+@session_option
 @config_option
 def command(session_dir: str | None, config_path: str | None) -> int:
     """Restore journaled files (e.g. after kill -9), remove worktrees, venvs and cache copies.
@@ -23,10 +16,8 @@ def command(session_dir: str | None, config_path: str | None) -> int:
     The session's log and trial logs stay, so 'envbisect log' still shows what was measured.
     """
     from envbisect.bisect.session import Session
-    from envbisect.config import Config
 
-    config = Config.load(Path(config_path) if config_path else None)
-    root = Path(session_dir) if session_dir else config.root / ".envbisect" / "session"
+    root = session_root(load_config(config_path), session_dir)
     session = Session.existing(root)
     session.lock()  # refuses while a live envbisect process still uses it
     done = session.reset()

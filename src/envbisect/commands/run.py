@@ -9,7 +9,18 @@ from types import FrameType
 
 import click
 
-from envbisect.commands.common import config_option, resolve_target, target_options
+from envbisect.commands.common import (
+    config_option,
+    load_config,
+    metric_regex_option,
+    resolve_target,
+    session_option,
+    session_root,
+    smoke_command,
+    smoke_command_line,
+    target_options,
+    timeout_option,
+)
 
 
 def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -33,7 +44,7 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 )
 @click.option("--repeats", default=3, show_default=True, help="Samples per state to start with.")
 @click.option("--max-trials", type=int, default=None, help="Budget of distinct states.")
-@click.option("--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds per run.")
+@timeout_option
 @click.option(
     "--on-crash",
     type=click.Choice(["bad", "skip"]),
@@ -41,21 +52,11 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     show_default=True,
     help="A crash/timeout/OOM counts as slow (bad) or cannot-test (skip).",
 )
-@click.option(
-    "--session",
-    "session_dir",
-    metavar="DIR",
-    help="Session directory (default .envbisect/session).",
-)
+@session_option
 @click.option("--resume", is_flag=True, help="Continue the session after an interruption.")
 @click.option("--json", "json_path", metavar="PATH", help="Write the result as JSON ('-': stdout).")
 @click.option("--report", "report_path", metavar="PATH", help="Write a markdown report.")
-@click.option(
-    "--metric-regex",
-    metavar="REGEX",
-    help="Read tok/s from the output with this regex; the unit follows the group, "
-    "e.g. '([0-9.]+) Ktok/s'.",
-)
+@metric_regex_option
 @target_options
 @config_option
 @click.argument("smoke_argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- SMOKE CMD ...]")
@@ -87,30 +88,20 @@ def command(
     culprit, 2 bad input, 130 interrupted (resume with --resume; clean up with reset).
     """
     from envbisect import report
-    from envbisect.config import Config
     from envbisect.errors import UsageError
     from envbisect.manifest import atomic_write_text
-    from envbisect.metric import MetricSpec, parse_ktoks
-    from envbisect.runner import RunOptions, SmokeCommand, run_bisect, validate_options
+    from envbisect.metric import parse_ktoks
+    from envbisect.runner import RunOptions, run_bisect, validate_options
 
-    config = Config.load(Path(config_path) if config_path else None)
+    config = load_config(config_path)
     threshold = parse_ktoks(until) if until is not None else None
     good_path = Path(good) if good else config.good
     if good_path is None:
         raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
     transport, py = resolve_target(config, python, via, target_name)
-    smoke = SmokeCommand(
-        tuple(smoke_argv) or tuple(config.smoke or ()),
-        MetricSpec.parse(metric_regex) if metric_regex else None,
-    )
+    smoke = smoke_command(smoke_argv, config, metric_regex)
     if print_command:
-        from envbisect.commands.common import composed_command
-
-        click.echo(
-            composed_command(transport, py)
-            if smoke.builtin
-            else transport.command_line(list(smoke.argv))
-        )
+        click.echo(smoke_command_line(transport, py, smoke))
         return 0
     options = RunOptions(
         good=good_path.absolute(),
@@ -119,7 +110,7 @@ def command(
         smoke=smoke,
         python=py,
         transport=transport,
-        session_dir=Path(session_dir) if session_dir else config.root / ".envbisect" / "session",
+        session_dir=session_root(config, session_dir),
         resume=resume,
         repeats=repeats,
         max_samples=max(9, repeats),

@@ -9,6 +9,7 @@ import click
 from envbisect.commands.common import (
     composed_command,
     config_option,
+    load_config,
     resolve_target,
     target_options,
 )
@@ -68,9 +69,8 @@ def command(
     never imports torch. A summary goes to stderr; the manifest path to stdout.
     """
     from envbisect.collect import summary, take_snapshot, write_snapshot
-    from envbisect.config import Config
 
-    config = Config.load(Path(config_path) if config_path else None).with_overrides(
+    config = load_config(config_path).with_overrides(
         repos=repos, files=files, data=data, probes=probes, env=env
     )
     transport, target_python = resolve_target(config, python, via, target_name)
