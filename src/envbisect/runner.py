@@ -463,8 +463,9 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             progress(f"note: {note}")
         ordered = actuator.ordered()
         tester = _TrialRunner(options, session, actuator, progress)
+        context = _RunContext(diff, blocked, notes, session, options, bad_path)
         if not units:
-            return _nothing_to_bisect(diff, blocked, notes, session, options, bad_path, actuator)
+            return _nothing_to_bisect(context, actuator)
         result = search(
             units,
             tester,
@@ -496,7 +497,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         session.journal.restore()
         _quietly(actuator.restore)
         atexit.unregister(_quietly)
-    out = _result(result, diff, blocked, notes, session, options, bad_path, tester)
+    out = _result(result, context)
     session.append(
         {
             "type": "end",
@@ -518,33 +519,60 @@ def _quietly(undo: Callable[[], Any]) -> None:
         undo()
 
 
-def _nothing_to_bisect(
-    diff: Any,
-    blocked: Mapping[str, str],
-    notes: tuple[str, ...],
-    session: Session,
-    options: RunOptions,
-    bad_path: Path,
-    actuator: Actuator,
-) -> RunResult:
-    why = "the manifests are identical" if not diff.units else "no change can be realized"
+@dataclass(frozen=True)
+class _RunContext:
+    """What every RunResult of a run carries besides its outcome: the diff, the units that
+    could not be realized, notes, the session, and the endpoints, smoke and target."""
+
+    diff: Any  # envbisect.diff.DiffResult
+    blocked: Mapping[str, str]
+    notes: tuple[str, ...]
+    session: Session
+    options: RunOptions
+    bad_path: Path
+
+    def result(
+        self,
+        *,
+        outcome: str,
+        threshold: float | None,
+        message: str,
+        culprits: tuple[Culprit, ...] = (),
+        trials: tuple[TrialRow, ...] = (),
+        notes: tuple[str, ...] | None = None,
+        good_median: float | None = None,
+        bad_median: float | None = None,
+    ) -> RunResult:
+        """This run's RunResult; ``notes``, when given, replaces the context's notes."""
+        return RunResult(
+            outcome=outcome,
+            threshold=threshold,
+            culprits=culprits,
+            trials=trials,
+            diff=self.diff,
+            blocked=dict(self.blocked),
+            notes=self.notes if notes is None else notes,
+            session=self.session.root,
+            message=message,
+            good_path=self.options.good,
+            bad_path=self.bad_path,
+            smoke=self.options.smoke,
+            good_median=good_median,
+            bad_median=bad_median,
+            target_args=_target_args(self.options),
+        )
+
+
+def _nothing_to_bisect(context: _RunContext, actuator: Actuator) -> RunResult:
+    session = context.session
+    why = "the manifests are identical" if not context.diff.units else "no change can be realized"
     session.append({"type": "end", "outcome": "not-reproduced", "culprits": [], "message": why})
     actuator.close()
     session.unlock()
-    return RunResult(
+    return context.result(
         outcome="not-reproduced",
-        threshold=options.threshold,
-        culprits=(),
-        trials=(),
-        diff=diff,
-        blocked=dict(blocked),
-        notes=notes,
-        session=session.root,
+        threshold=context.options.threshold,
         message=f"nothing to bisect: {why}",
-        good_path=options.good,
-        bad_path=bad_path,
-        smoke=options.smoke,
-        target_args=_target_args(options),
     )
 
 
@@ -553,18 +581,10 @@ def _event_text(event: Any) -> str:
     return f"{event.message}{left}"
 
 
-def _result(
-    result: Any,
-    diff: Any,
-    blocked: Mapping[str, str],
-    notes: tuple[str, ...],
-    session: Session,
-    options: RunOptions,
-    bad_path: Path,
-    tester: _TrialRunner,
-) -> RunResult:
+def _result(result: Any, context: _RunContext) -> RunResult:
     outcome = result.outcome.value
-    units = {u.id: u for u in diff.units}
+    notes = context.notes
+    units = {u.id: u for u in context.diff.units}
     culprits: list[Culprit] = []
     for c in result.culprits:
         narrowed = {n.unit: n for n in c.narrowed}
@@ -606,22 +626,15 @@ def _result(
         (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
         None,
     )
-    return RunResult(
+    return context.result(
         outcome=outcome,
         threshold=result.threshold,
+        message=str(getattr(result, "message", "") or ""),
         culprits=tuple(culprits),
         trials=rows,
-        diff=diff,
-        blocked=dict(blocked),
         notes=notes,
-        session=session.root,
-        message=str(getattr(result, "message", "") or ""),
-        good_path=options.good,
-        bad_path=bad_path,
-        smoke=options.smoke,
         good_median=good_med,
         bad_median=bad_med,
-        target_args=_target_args(options),
     )
 
 
