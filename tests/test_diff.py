@@ -404,3 +404,21 @@ def test_fact_missing_because_collection_failed_is_no_bisectable_change() -> Non
     # /s vanished without an error naming it: a real removal, bisectable.
     s = result.unit("git:/s")
     assert s.bisectable and s.changes[0].note is None
+
+
+def test_a_probe_with_a_malformed_module_file_does_not_crash_the_diff() -> None:
+    from envbisect.diff import diff_manifests
+    from envbisect.manifest import Manifest
+
+    good = Manifest.from_dict(
+        {"schema": "envbisect/manifest@1", "probes": {"m.f": {"status": "original"}}}, "good"
+    )
+    bad = Manifest.from_dict(
+        {
+            "schema": "envbisect/manifest@1",
+            "probes": {"m.f": {"status": "patched", "module_file": {"odd": "mapping"}}},
+        },
+        "bad",
+    )
+    result = diff_manifests(good, bad)
+    assert [u.id for u in result.units] == ["probes:m.f"]

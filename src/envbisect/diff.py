@@ -732,7 +732,7 @@ def _refine(unit: Unit, good: Manifest, bad: Manifest, changed_files: set[str]) 
     if unit.section == "probes":
         entry = bad.section("probes").get(change.key) or good.section("probes").get(change.key)
         module_file = entry.get("module_file") if isinstance(entry, dict) else None
-        if module_file in changed_files:
+        if isinstance(module_file, str) and module_file in changed_files:
             reason = (
                 f"follows files:{module_file}: bisection moves that file, "
                 "and the probe is re-checked in each trial"
