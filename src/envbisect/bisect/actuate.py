@@ -426,9 +426,19 @@ class Actuator:
             for change in unit.changes:
                 if change.section != "git":
                     continue
+                repo = str(change.key).rstrip("/") + "/"
                 for side, m in (("good", self.good), ("bad", self.bad)):
                     value = m.section("git").get(change.key) or {}
-                    if value.get("dirty"):
+                    if not value.get("dirty"):
+                        continue
+                    tracked = sorted(f for f in m.section("files") if str(f).startswith(repo))
+                    if tracked:
+                        out.append(
+                            f"git {change.key} had uncommitted changes in the {side} state; "
+                            f"only the {len(tracked)} file(s) under files: in that repo are "
+                            "reproduced from the manifest, any other uncommitted edit is not"
+                        )
+                    else:
                         out.append(
                             f"git {change.key} had uncommitted changes in the {side} state; "
                             "they are not reproduced unless their files are listed under files:"
