@@ -87,35 +87,6 @@ READY = ".envbisect-ready"
 FAILED = ".envbisect-failed"
 AGENT = "envbisect.agent.actuate_remote"
 
-# Run inside the target python: what is installed, where, and which files each owns.
-_PROBE = r"""
-import json, os, sys
-from importlib import metadata
-sites = []
-for p in sys.path:
-    if p and os.path.basename(p) in ("site-packages", "dist-packages") and os.path.isdir(p):
-        rp = os.path.realpath(p)
-        if rp not in sites:
-            sites.append(rp)
-dists = []
-seen = set()
-for d in metadata.distributions():
-    name = (d.metadata["Name"] or "").strip()
-    if not name:
-        continue
-    key = name.lower().replace("_", "-").replace(".", "-")
-    loc = os.path.realpath(str(d.locate_file("")))
-    if key in seen:
-        continue
-    seen.add(key)
-    files = d.files
-    dists.append({"name": key, "version": d.version, "location": loc,
-                  "files": None if files is None else [str(f) for f in files]})
-print(json.dumps({"sites": sites, "base": getattr(sys, "_base_executable", sys.executable),
-                  "executable": sys.executable, "prefix": sys.prefix,
-                  "version": "%d.%d" % sys.version_info[:2], "dists": dists}))
-"""
-
 
 def normalize(name: str) -> str:
     """PEP 503 name."""
@@ -163,7 +134,7 @@ class TargetEnv:
 
     @classmethod
     def from_agent(cls, python: str, data: Mapping[str, Any]) -> TargetEnv:
-        """From the ``probe`` operation of the remote agent."""
+        """From the ``probe`` operation of the agent (local or through the chain)."""
         return cls(
             python=python,
             base=str(data["base"]),
@@ -173,26 +144,6 @@ class TargetEnv:
             home=str(data.get("home") or "/tmp"),
             path=str(data.get("path") or ""),
             uv=tuple(data["uv"]) if data.get("uv") else None,
-        )
-
-    @classmethod
-    def probe(cls, python: str, transport: Transport, log_dir: Path) -> TargetEnv:
-        res = transport.run(
-            [python, "-c", _PROBE], log_dir=log_dir, name="probe-env", timeout_s=120
-        )
-        try:
-            data = json.loads(res.stdout().decode("utf-8").strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise ActuationError(
-                f"cannot list the packages of {python}: exit {res.returncode}; "
-                f"see {res.stderr_path}"
-            ) from None
-        return cls(
-            python=python,
-            base=data["base"],
-            version=data["version"],
-            sites=tuple(data["sites"]),
-            dists={d["name"]: d for d in data["dists"]},
         )
 
 
@@ -697,11 +648,14 @@ class Actuator:
 
     def target(self) -> TargetEnv:
         if self._target is None:
-            if self.remote:
-                data = self._agent("probe", {}, self.session.root / "remote", "probe")
-                self._target = TargetEnv.from_agent(self.python, data)
-            else:
-                self._target = TargetEnv.probe(self.python, self.transport, self.session.root)
+            # One probe for both cases: the agent's, shipped on stdin through the chain
+            # (the empty chain when local).
+            log_dir = self.session.root / "remote" if self.remote else self.session.root
+            try:
+                data = self._agent("probe", {}, log_dir, "probe-env")
+            except TransportError as exc:
+                raise ActuationError(f"cannot list the packages of {self.python}: {exc}") from None
+            self._target = TargetEnv.from_agent(self.python, data)
         return self._target
 
     def _venv(self, wanted: Mapping[str, Any], trial_dir: Path) -> tuple[Path | None, str | None]:
