@@ -172,6 +172,7 @@ def test_no_compile_compiles_nothing() -> None:
         "mode": None,
         "disabled_by_env": False,
         "effective": False,
+        "unit": "layer",
     }
     assert result["dynamo"]["frames_compiled"] == 0
 
@@ -224,7 +225,129 @@ def test_bad_data_line_is_a_params_error(tmp_path: Path) -> None:
 def test_drafter_threads_step_concurrently() -> None:
     result = drafter.run(micro(drafter_threads=2))
     assert result["ok"], result["error"]
-    assert result["threads"] == {"count": 2, "errors": [], "crashed": 0}
+    threads = result["threads"]
+    assert (threads["count"], threads["errors"], threads["crashed"], threads["died"]) == (
+        2,
+        [],
+        0,
+        [],
+    )
+    assert [t["steps_done"] for t in threads["per_thread"]] == [3, 3]  # 1 warm-up + 2 timed
+    assert all(t["ok"] and t["path"] == "eager (compile off)" for t in threads["per_thread"])
+
+
+# ----------------------------------------------------------------------------- the FX race
+#
+# The race needs a second thread inside an FX trace at the moment a compiled function is
+# entered: on a GPU that is inductor's own tracing. Here a model file holds the flag up for
+# the whole run, so dynamo's real check fires every time, deterministically, on CPU.
+
+FLAG_UP = "import torch.fx._symbolic_trace as _st\n_st._is_fx_tracing_flag = True\n"
+FIELD_PATCH = "_st.is_fx_symbolic_tracing = lambda: False\n"  # the demo's hand patch
+
+
+def _flag_module(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "model_patch.py"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture()
+def fx_flag_restored():
+    import torch.fx._symbolic_trace as st
+
+    saved = (st._is_fx_tracing_flag, st.is_fx_symbolic_tracing)
+    yield
+    st._is_fx_tracing_flag, st.is_fx_symbolic_tracing = saved
+
+
+def _compiled(**over):
+    return micro(compile=True, compile_backend="eager", drafter_threads=2, **over)
+
+
+@pytest.mark.usefixtures("fx_flag_restored")
+def test_nested_fx_trace_kills_the_drafters_as_in_the_field(tmp_path: Path) -> None:
+    result = drafter.run(_compiled(patch_module=_flag_module(tmp_path, FLAG_UP)))
+    assert result["ok"] is False
+    assert result["error"]["class"] == "RuntimeError"
+    assert "Detected that you are using FX to symbolically trace" in result["error"]["message"]
+    threads = result["threads"]
+    assert threads["crashed"] == 2 and sorted(threads["died"]) == [0, 1]
+    for t in threads["per_thread"]:
+        assert t["ok"] is False and t["steps_done"] == 0
+        assert t["error"]["stage"] == "warmup" and t["error"]["class"] == "RuntimeError"
+    assert result["race"]["patch_module"]["path"].endswith("model_patch.py")
+
+
+@pytest.mark.usefixtures("fx_flag_restored")
+def test_nested_fx_unoptimized_survives_but_runs_outside_the_graph(tmp_path: Path) -> None:
+    result = drafter.run(
+        _compiled(patch_module=_flag_module(tmp_path, FLAG_UP), nested_fx="unoptimized")
+    )
+    assert result["ok"], result["error"]
+    assert result["race"]["error_on_nested_fx_trace"] is False
+    for t in result["threads"]["per_thread"]:
+        assert t["ok"] and t["path"].startswith("unoptimized")
+        assert t["eager_attention_calls"] == 3  # every step: 1 warm-up + 2 timed, one layer
+    import torch._dynamo.config as dc
+
+    assert dc.error_on_nested_fx_trace is True  # restored after the run
+
+
+@pytest.mark.usefixtures("fx_flag_restored")
+def test_field_monkey_patch_from_a_model_file_silences_the_check(tmp_path: Path) -> None:
+    result = drafter.run(_compiled(patch_module=_flag_module(tmp_path, FLAG_UP + FIELD_PATCH)))
+    assert result["ok"], result["error"]
+    assert result["race"]["is_fx_symbolic_tracing"]["torch.fx._symbolic_trace"]["patched"]
+    assert all(t["path"] == "compiled" for t in result["threads"]["per_thread"])
+
+
+def test_masks_once_are_built_before_the_threads_and_reused() -> None:
+    result = drafter.run(_compiled(mask_build="once"))
+    assert result["ok"], result["error"]
+    assert [t["mask_builds"] for t in result["threads"]["per_thread"]] == [1, 1]
+    assert result["race"]["mask_build"] == "once"
+
+
+def test_locked_masks_are_built_every_step() -> None:
+    result = drafter.run(_compiled(mask_build="locked"))
+    assert result["ok"], result["error"]
+    assert [t["mask_builds"] for t in result["threads"]["per_thread"]] == [3, 3]
+    assert all(t["path"] == "compiled" for t in result["threads"]["per_thread"])
+
+
+@pytest.mark.parametrize("unit", ["model", "layer", "flex"])
+def test_compile_units_compile_and_report(unit: str) -> None:
+    result = drafter.run(micro(compile=True, compile_backend="eager", compile_unit=unit))
+    assert result["ok"], result["error"]
+    assert result["compile"]["unit"] == unit
+    # sdpa on CPU: the "flex" unit compiles only the loss; the others the attention too
+    assert result["compile"]["effective"] is True
+    assert result["dynamo"]["recompiles"] == 0
+
+
+def test_patch_module_missing_is_a_params_error(tmp_path: Path) -> None:
+    result = drafter.run(micro(patch_module=str(tmp_path / "nope.py")))
+    assert result["error"]["stage"] == "params"
+    assert "no such file" in result["error"]["message"]
+
+
+# ----------------------------------------------------------------------------- samples
+
+
+def test_samples_are_windows_of_one_process() -> None:
+    result = drafter.run(micro(samples=3, steps=2))
+    assert result["ok"], result["error"]
+    assert len(result["samples"]) == 3 and all(s > 0 for s in result["samples"])
+    assert result["step_s"]["n"] == 6
+    assert min(result["samples"]) <= result["tok_per_s"] <= max(result["samples"])
+
+
+def test_equal_chunks_pad_the_tail() -> None:
+    assert drafter.equal_chunks(7680, 4096) == (3840, 7680)
+    assert drafter.equal_chunks(100, 32) == (25, 100)
+    assert drafter.equal_chunks(101, 32) == (26, 104)
+    assert drafter.equal_chunks(10, 32) == (10, 10)
 
 
 # ----------------------------------------------------------------------------- host and CLI

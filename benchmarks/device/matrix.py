@@ -49,13 +49,77 @@ CONFIGS = {
     "tiny-gpu": (["--preset", "tiny"], {}),
 }
 
+# The field's race at the size the issue measured it (1 layer, S=1024, 64 anchors): drafters
+# in threads, each building its block mask every step, per compile unit and workaround.
+RACE = ["--layers", "1", "--seq-len", "1024", "--anchors", "64"]
+FIELD_PATCH_FILE = "/tmp/envbisect-field-patch/dflash_model.py"  # written by main()
+COLD = {
+    "TORCHINDUCTOR_CACHE_DIR": "/tmp/envbisect-inductor-cold2",
+    "TRITON_CACHE_DIR": "/tmp/envbisect-triton-cold2",
+}
+for unit in ("flex", "layer", "model"):
+    CONFIGS[f"race-{unit}-t1"] = (RACE + ["--compile-unit", unit, "--drafter-threads", "1"], {})
+    for n in (3, 6):
+        for tag in ("a", "b"):
+            CONFIGS[f"race-{unit}-t{n}-{tag}"] = (
+                RACE + ["--compile-unit", unit, "--drafter-threads", str(n)],
+                {},
+            )
+    for knob, flags in (
+        ("patch", ["--patch-module", FIELD_PATCH_FILE]),
+        ("unoptimized", ["--nested-fx", "unoptimized"]),
+        ("force", ["--nested-fx", "force"]),
+        ("locked", ["--mask-build", "locked"]),
+        ("once", ["--mask-build", "once"]),
+    ):
+        CONFIGS[f"race-{unit}-t3-{knob}"] = (
+            RACE + ["--compile-unit", unit, "--drafter-threads", "3", *flags],
+            {},
+        )
+for unit in ("layer", "model"):
+    CONFIGS[f"h200-{unit}-cold"] = (["--compile-unit", unit], dict(COLD))
+    CONFIGS[f"h200-{unit}-s5-a"] = (["--compile-unit", unit, "--samples", "5"], dict(COLD))
+    CONFIGS[f"h200-{unit}-s5-b"] = (["--compile-unit", unit, "--samples", "5"], dict(COLD))
+
+
+def _write_field_patch() -> None:
+    """The demo's model file with the field's hand patch appended (the demo's bad state)."""
+    sys.path.insert(0, "src")
+    from envbisect.demo import FIELD_PATCH
+
+    os.makedirs(os.path.dirname(FIELD_PATCH_FILE), exist_ok=True)
+    with open("fixtures/demo/repo/dflash_model.py") as fh:
+        text = fh.read()
+    with open(FIELD_PATCH_FILE, "w") as fh:
+        fh.write(text + FIELD_PATCH)
+
+
+def _threads_cell(r: dict) -> str:
+    per = (r.get("threads") or {}).get("per_thread") or []
+    if len(per) < 2:
+        return "-"
+    cells = []
+    for t in per:
+        if t.get("ok"):
+            cells.append(f"{t['index']}:ok({t['path'][:11]})")
+        else:
+            cells.append(f"{t['index']}:died@{t['steps_done']}")
+    return " ".join(cells)
+
 
 def main(argv: list[str]) -> int:
     out_dir, names = argv[0], argv[1:]
     timeout = float(os.environ.get("MATRIX_TIMEOUT", "240"))
+    budget = float(os.environ.get("MATRIX_BUDGET", "1e9"))  # seconds for the whole matrix
     os.makedirs(out_dir, exist_ok=True)
+    _write_field_patch()
     rows = []
+    started = time.time()
     for name in names:
+        left = budget - (time.time() - started)
+        if left < 20:
+            print(f"{name}\tskipped: matrix budget spent", flush=True)
+            continue
         args, env_over = CONFIGS[name]
         env = dict(os.environ, PYTHONPATH="src", PYTHONUNBUFFERED="1")
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", WARM)
@@ -69,7 +133,7 @@ def main(argv: list[str]) -> int:
             argv_run.insert(1, "-Xfaulthandler")
             proc = subprocess.Popen(argv_run, env=env, stdout=subprocess.PIPE, stderr=log)
             try:
-                stdout, _ = proc.communicate(timeout=timeout)
+                stdout, _ = proc.communicate(timeout=min(timeout, left))
                 rc = proc.returncode
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGABRT)  # faulthandler dumps every thread's stack
@@ -97,10 +161,14 @@ def main(argv: list[str]) -> int:
             r.get("flex_fallback"),
             f"{wall:.0f}",
             (err.get("class", "") + ": " + err.get("message", ""))[:70],
+            _threads_cell(r),
+            ",".join(f"{x:.0f}" for x in (r.get("samples") or []) if x),
         )
         rows.append(row)
         print("\t".join(str(x) for x in row), flush=True)
-    print("\nname\trc\ttok/s\tMFU\twarmup_s\tstep_s\tpeakGiB\trecompiles\tfallback\twall\terror")
+    print(
+        "\nname\trc\ttok/s\tMFU\twarmup_s\tstep_s\tpeakGiB\trecompiles\tfallback\twall\terror\tthreads\tsamples"
+    )
     for row in rows:
         print("\t".join(str(x) for x in row))
     return 0

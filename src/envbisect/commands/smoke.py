@@ -27,7 +27,47 @@ def _load_config(config_path: str | None) -> Any:
 @click.option("--compile/--no-compile", "compile_", default=None, help="Default: on for CUDA.")
 @click.option("--vary-shapes", is_flag=True, default=None, help="New shapes every step.")
 @click.option("--data", metavar="PATH", default=None, help="JSONL dataset (on the target).")
-@click.option("--drafter-threads", type=int, default=None, help="Drafters stepping at once.")
+@click.option(
+    "--drafter-threads",
+    type=int,
+    default=None,
+    help="Drafters stepping at once in threads of one process, each building its block "
+    "mask every step (the field's FX-flag race needs 2 or more).",
+)
+@click.option(
+    "--compile-unit",
+    type=click.Choice(["model", "layer", "flex"]),
+    default=None,
+    help="What torch.compile wraps: the whole drafter, each decoder layer (default: one "
+    "graph reused, the fastest cold start) or only flex_attention and the loss.",
+)
+@click.option(
+    "--mask-build",
+    type=click.Choice(["step", "locked", "once"]),
+    default=None,
+    help="When block masks are built: every step (default), every step under one lock, or "
+    "once before the threads start.",
+)
+@click.option(
+    "--nested-fx",
+    type=click.Choice(["error", "unoptimized", "force"]),
+    default=None,
+    help="Dynamo's check on a call made while a thread FX-traces: torch's error (default), "
+    "error_on_nested_fx_trace=False (runs unoptimized), force_compile_during_fx_trace=True.",
+)
+@click.option(
+    "--patch-module",
+    metavar="PATH",
+    default=None,
+    help="A model file (on the target) imported before the drafters are built, so its "
+    "monkey-patches (is_fx_symbolic_tracing = lambda: False) are in effect.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Timed windows after one warm-up, each a sample (default 1).",
+)
 @click.option("--device", default=None, help="auto, cpu, cuda, cuda:N.")
 @click.option("--steps", type=int, default=None, help="Timed steps.")
 @click.option("--warmup", type=int, default=None, help="Untimed warm-up steps.")
@@ -52,6 +92,11 @@ def command(
     vary_shapes: bool | None,
     data: str | None,
     drafter_threads: int | None,
+    compile_unit: str | None,
+    mask_build: str | None,
+    nested_fx: str | None,
+    patch_module: str | None,
+    samples: int | None,
     device: str | None,
     steps: int | None,
     warmup: int | None,
@@ -93,6 +138,11 @@ def command(
         vary_shapes=vary_shapes,
         data=data,
         drafter_threads=drafter_threads,
+        compile_unit=compile_unit,
+        mask_build=mask_build,
+        nested_fx=nested_fx,
+        patch_module=patch_module,
+        samples=samples,
         device=device,
         steps=steps,
         warmup=warmup,

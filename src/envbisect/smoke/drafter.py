@@ -24,6 +24,7 @@ token anchor+k with weight exp(-(k-1)/gamma). Embedding and lm_head are frozen.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -65,6 +66,9 @@ RESULT_KEYS = (
     "threads",
     "data",
     "loss",
+    "samples",
+    "race",
+    "compile_times",
     "elapsed_s",
 )
 
@@ -125,7 +129,26 @@ DEFAULTS = {
     "dtype": "auto",
     "peak_tflops": None,
     "cuda_graphs": False,
+    # how torch.compile is applied: "model" (the whole drafter, one graph), "layer" (each
+    # decoder layer: regional compilation, one graph reused by every layer), "flex" (only
+    # flex_attention and the loss, the rest eager: a model file's
+    # ``flex_attention = torch.compile(flex_attention)``)
+    "compile_unit": "layer",
+    # when block masks are built: "step" (every step, in the drafter's own thread, as a data
+    # loader with per-batch anchors does), "locked" (every step, under one process-wide
+    # lock), "once" (once per drafter, before the threads start; batches reuse its anchors)
+    "mask_build": "step",
+    # dynamo's check for a call made while some thread FX-traces: "error" (torch's default,
+    # the field's RuntimeError), "unoptimized" (error_on_nested_fx_trace = False: the call
+    # runs without dynamo), "force" (force_compile_during_fx_trace = True, torch >= 2.11)
+    "nested_fx": "error",
+    "patch_module": None,  # a .py file imported before the drafters are built
+    "samples": 1,  # timed windows of `steps` steps each, after one warm-up
 }
+
+COMPILE_UNITS = ("model", "layer", "flex")
+MASK_BUILDS = ("step", "locked", "once")
+NESTED_FX = ("error", "unoptimized", "force")
 
 ENV_REPORTED = (
     "TORCH_COMPILE_DISABLE",
@@ -142,6 +165,38 @@ ENV_REPORTED = (
 )
 
 _FLEX_EAGER_CALLS = [0]  # flex_attention calls that ran outside a compiled graph
+_MASK_LOCK = threading.Lock()  # mask_build "locked"
+_TL = threading.local()  # per drafter thread: attention calls that ran outside a graph
+_COMPILED_FLEX = {}  # compile kwargs -> torch.compile(flex_attention), shared by all drafters
+_COMPILED_FLEX_LOCK = threading.Lock()
+
+
+def _count_eager_attention():
+    _TL.eager_attn = getattr(_TL, "eager_attn", 0) + 1
+
+
+def compile_kwargs(p):
+    kw = {"backend": p["compile_backend"]}
+    if p["compile_mode"]:
+        kw["mode"] = p["compile_mode"]
+    return kw
+
+
+def _compiled_flex(torch, flex_attention, kw):
+    """One compiled flex_attention per process, as a model file's module-level
+    ``flex_attention = torch.compile(flex_attention)`` gives every thread."""
+    key = tuple(sorted(kw.items()))
+
+    def flex_call(q, k, v, block_mask=None, enable_gqa=False):
+        if not torch.compiler.is_compiling():  # dynamo ran it unoptimized: scores materialized
+            _FLEX_EAGER_CALLS[0] += 1
+            _count_eager_attention()
+        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+
+    with _COMPILED_FLEX_LOCK:
+        if key not in _COMPILED_FLEX:
+            _COMPILED_FLEX[key] = torch.compile(flex_call, **kw)
+        return _COMPILED_FLEX[key]
 
 
 def log(msg):
@@ -195,6 +250,20 @@ def resolve_params(params, cuda_available):
         raise ValueError("seq_len must be at least 2 * block_size")
     if int(p["drafter_threads"]) < 1:
         raise ValueError("drafter_threads must be >= 1")
+    if int(p["samples"]) < 1:
+        raise ValueError("samples must be >= 1")
+    if p["compile_unit"] not in COMPILE_UNITS:
+        raise ValueError(
+            "unknown compile unit {!r} ({})".format(p["compile_unit"], ", ".join(COMPILE_UNITS))
+        )
+    if p["mask_build"] not in MASK_BUILDS:
+        raise ValueError(
+            "unknown mask build {!r} ({})".format(p["mask_build"], ", ".join(MASK_BUILDS))
+        )
+    if p["nested_fx"] not in NESTED_FX:
+        raise ValueError("unknown nested_fx {!r} ({})".format(p["nested_fx"], ", ".join(NESTED_FX)))
+    if p["patch_module"] and not os.path.isfile(p["patch_module"]):
+        raise ValueError("patch module {!r}: no such file".format(p["patch_module"]))
     return p
 
 
@@ -424,6 +493,13 @@ def make_chunk_loss(torch):
     return chunk_loss
 
 
+def equal_chunks(n, chunk):
+    """(chunk size, padded rows): the fewest chunks of at most ``chunk`` rows, all equal."""
+    count = max(1, -(-n // chunk))
+    size = -(-n // count)
+    return size, size * count
+
+
 def make_linear_ce(torch, chunk_fn, chunk):
     """Chunked, fused lm_head + weighted cross-entropy: never holds all logits at once.
 
@@ -435,16 +511,24 @@ def make_linear_ce(torch, chunk_fn, chunk):
         @staticmethod
         def forward(ctx, h, weight, labels, wts):
             n = h.shape[0]
+            # equal chunks, the last one padded with zero-weight rows: one shape, so the
+            # compiled chunk function compiles once instead of again for a shorter tail
+            size, padded = equal_chunks(n, chunk)
+            norm = wts.sum()
+            if padded > n:
+                extra = padded - n
+                h = torch.cat([h, h.new_zeros(extra, h.shape[1])])
+                labels = torch.cat([labels, labels.new_zeros(extra)])
+                wts = torch.cat([wts, wts.new_zeros(extra)])
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             grad = torch.empty_like(h)
-            for i in range(0, n, chunk):
+            for i in range(0, padded, size):
                 loss_i, grad_i = chunk_fn(
-                    h[i : i + chunk], weight, labels[i : i + chunk], wts[i : i + chunk]
+                    h[i : i + size], weight, labels[i : i + size], wts[i : i + size]
                 )
                 total = total + loss_i
-                grad[i : i + chunk] = grad_i
-            norm = wts.sum()
-            ctx.save_for_backward(grad, norm)
+                grad[i : i + size] = grad_i
+            ctx.save_for_backward(grad[:n], norm)
             return total / norm
 
         @staticmethod
@@ -495,15 +579,22 @@ class Trainer:
         )
         chunk_fn = make_chunk_loss(torch)
         self.forward = self.model
+        self.flex = None  # the flex_attention this drafter calls
         if p["compile"]:
-            kw = {"backend": p["compile_backend"]}
-            if p["compile_mode"]:
-                kw["mode"] = p["compile_mode"]
-            self.forward = torch.compile(self.model, **kw)
+            kw = compile_kwargs(p)
+            unit = p["compile_unit"]
+            if unit == "model":
+                self.forward = torch.compile(self.model, **kw)
+            elif unit == "layer":
+                for layer in self.model.layers:
+                    layer.compile(**kw)  # regional: one graph, reused by every layer
             chunk_fn = torch.compile(chunk_fn, **kw)
         self.linear_ce = make_linear_ce(torch, chunk_fn, int(p["loss_chunk"]))
         self.attend_factory = self._attention_factory()
-        self.fixed_batch = None
+        self.fixed_batch = None  # mask_build "once": the batch whose mask every step reuses
+        self.fixed_attend = None
+        self.mask_builds = 0
+        self.steps_done = 0
 
     # -- attention backends
     def _attention_factory(self):
@@ -519,6 +610,8 @@ class Trainer:
                 mask = dflash_mask_dense(torch, anchors, ctx_len, bs).unsqueeze(1)
 
                 def attend(q, k, v):
+                    if not torch.compiler.is_compiling():
+                        _count_eager_attention()
                     if gqa:
                         k = k.repeat_interleave(rep, dim=1)
                         v = v.repeat_interleave(rep, dim=1)
@@ -531,6 +624,9 @@ class Trainer:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         compiled_mask = bool(p["compile"])
+        flex = flex_attention
+        if p["compile"] and p["compile_unit"] == "flex":
+            flex = _compiled_flex(torch, flex_attention, compile_kwargs(p))
 
         def factory(anchors, ctx_len):
             b, n = anchors.shape
@@ -546,15 +642,41 @@ class Trainer:
                 block_mask = create_block_mask(mod, b, None, t, ctx_len + t, **kw)
 
             def attend(q, k, v):
-                if not torch.compiler.is_compiling():
+                if not torch.compiler.is_compiling() and flex is flex_attention:
                     _FLEX_EAGER_CALLS[0] += 1  # the unfused path: scores materialized
+                    _count_eager_attention()
                 if gqa:
-                    return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
-                return flex_attention(q, k, v, block_mask=block_mask)
+                    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+                return flex(q, k, v, block_mask=block_mask)
 
             return attend
 
         return factory
+
+    def build_attend(self, batch):
+        """The step's attention (its mask built now, as the mask_build knob says)."""
+        if self.fixed_attend is not None:
+            return self.fixed_attend
+        self.mask_builds += 1
+        if self.p["mask_build"] == "locked":
+            with _MASK_LOCK:
+                return self.attend_factory(batch["anchors"], batch["length"])
+        return self.attend_factory(batch["anchors"], batch["length"])
+
+    def prebuild_mask(self):
+        """mask_build "once": build one batch and its mask now; every step reuses both."""
+        length, n, _ = self.shapes.next()
+        self.fixed_batch = self.make_batch(length, n)
+        self.fixed_attend = None
+        self.fixed_attend = self.build_attend(self.fixed_batch)
+
+    def next_batch(self):
+        """(batch, real tokens) of the next step."""
+        if self.fixed_batch is not None:
+            p = self.p
+            return self.fixed_batch, self.fixed_batch["length"] * p["batch"]
+        length, n, real = self.shapes.next()
+        return self.make_batch(length, n), real
 
     # -- batches
     def make_batch(self, length, n_anchors):
@@ -589,7 +711,7 @@ class Trainer:
         """One optimizer step; returns the loss tensor (not synchronized)."""
         torch, p = self.torch, self.p
         b, bs = p["batch"], p["block_size"]
-        attend = self.attend_factory(batch["anchors"], batch["length"])
+        attend = self.build_attend(batch)
         noise_emb = self.embed[batch["noise_ids"]]
         ctx = torch.autocast("cuda", dtype=torch.bfloat16) if self.on_gpu else _null_ctx()
         with ctx:
@@ -657,47 +779,70 @@ def _error_dict(exc):
     return {"class": type(exc).__name__, "message": (msg[0] if msg else "")[:500]}
 
 
+def _wait(barrier):
+    """Wait for the other drafters; a barrier broken by a drafter that died is no error for
+    the survivors: they go on stepping alone, as the field's surviving threads did."""
+    if barrier is None:
+        return
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait()
+
+
 def _run_trainer(torch, tr, p, barrier, out):
-    """Warm-up then timed steps of one trainer; fills ``out`` (also on error)."""
+    """Warm-up, then ``samples`` timed windows of ``steps`` steps; fills ``out`` (also on
+    error: class, message, stage and how many steps the drafter had finished)."""
     dev = p["device"]
-    out.update({"warmup_s": None, "step_times": [], "tokens": 0, "flops": 0.0, "losses": []})
+    out.update({"warmup_s": None, "windows": [], "losses": [], "warmup_steps_s": []})
+    _TL.eager_attn = 0
     stage = "warmup"
+    knobs = _dynamo_config(torch, _dynamo_overrides(p))
     try:
+        knobs.__enter__()
         t0 = time.perf_counter()
         for i in range(int(p["warmup"])):
-            length, n, _ = tr.shapes.next()
-            loss = tr.step(tr.make_batch(length, n))
+            batch, _real = tr.next_batch()
+            s0 = time.perf_counter()
+            loss = tr.step(batch)
             out["losses"].append(float(loss.item()))
+            tr.steps_done += 1
+            out["warmup_steps_s"].append(time.perf_counter() - s0)
             log(f"drafter {tr.index} warm-up step {i} done at {time.perf_counter() - t0:.1f}s")
             if i == 0:
                 out["frames_after_first"] = _frames_ok(torch)
         _sync(torch, dev)
         out["warmup_s"] = time.perf_counter() - t0
-        stage = "barrier"
-        if barrier is not None:
-            barrier.wait()
-        stage = "timed"
-        w0 = time.perf_counter()
-        for _ in range(int(p["steps"])):
-            length, n, real = tr.shapes.next()
-            batch = tr.make_batch(length, n)
-            _sync(torch, dev)
-            s0 = time.perf_counter()
-            loss = tr.step(batch)
-            _sync(torch, dev)
-            out["step_times"].append(time.perf_counter() - s0)
-            out["tokens"] += real
-            out["flops"] += tr.flops(batch)
-            out["losses"].append(float(loss.item()))
-        out["window_s"] = time.perf_counter() - w0
+        for _w in range(int(p["samples"])):
+            stage = "barrier"
+            _wait(barrier)
+            stage = "timed"
+            window = {"step_times": [], "tokens": 0, "flops": 0.0}
+            w0 = time.perf_counter()
+            for _ in range(int(p["steps"])):
+                batch, real = tr.next_batch()
+                _sync(torch, dev)
+                s0 = time.perf_counter()
+                loss = tr.step(batch)
+                _sync(torch, dev)
+                window["step_times"].append(time.perf_counter() - s0)
+                window["tokens"] += real
+                window["flops"] += tr.flops(batch)
+                out["losses"].append(float(loss.item()))
+                tr.steps_done += 1
+            window["window_s"] = time.perf_counter() - w0
+            out["windows"].append(window)
     except BaseException as exc:  # a crash is a result: keep class, message and stage
         out["error"] = _error_dict(exc)
         out["error"]["stage"] = stage
+        out["error"]["thread"] = tr.index
+        out["error"]["after_steps"] = tr.steps_done
         out["traceback"] = traceback.format_exc()
         if barrier is not None:
-            barrier.abort()
+            barrier.abort()  # never leave the others waiting for a dead drafter
         if isinstance(exc, KeyboardInterrupt):
             raise
+    finally:
+        knobs.__exit__(None, None, None)
+        out["eager_attention_calls"] = getattr(_TL, "eager_attn", 0)
 
 
 def _reset_dynamo(torch):
@@ -706,6 +851,9 @@ def _reset_dynamo(torch):
 
         torch._dynamo.reset()
         counters.clear()
+        from torch._dynamo.utils import compilation_time_metrics
+
+        compilation_time_metrics.clear()
     except Exception:
         pass
 
@@ -898,19 +1046,24 @@ def run(params):
         old_show(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
+    trainers = []
     try:
         _FLEX_EAGER_CALLS[0] = 0
         _reset_dynamo(torch)  # counters and caches are per process: make them per run
+        result["race"] = _apply_race_knobs(torch, p)
         if dev.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         log(
             f"preset {p['preset']} on {dev_facts.get('name')}: attn={p['attn']} "
-            f"compile={p['compile']} threads={n_threads}"
+            f"compile={p['compile']} ({p['compile_unit']}) threads={n_threads} "
+            f"masks={p['mask_build']} samples={p['samples']}"
         )
-        trainers = []
         try:
             for i in range(n_threads):
                 trainers.append(Trainer(torch, p, index=i, lengths=lengths))
+            if p["mask_build"] == "once":
+                for tr in trainers:  # here, in the main thread, before any drafter thread
+                    tr.prebuild_mask()
         except BaseException as exc:
             outs[0]["error"] = _error_dict(exc)
             outs[0]["error"]["stage"] = "build"
@@ -930,8 +1083,13 @@ def run(params):
                     t.start()
                 for t in threads:
                     t.join()
+    except BaseException as exc:  # a patch module that fails to import, say
+        outs[0].setdefault("error", _error_dict(exc))
+        outs[0]["error"].setdefault("stage", "setup")
+        outs[0]["traceback"] = traceback.format_exc()
     finally:
         warnings.showwarning = old_show
+    per_thread = [_thread_facts(p, tr, out) for tr, out in zip(trainers, outs)]  # noqa: B905
     del trainers
     fallback_warned = any("without torch.compile" in m for m in recorded)
     result["flex_fallback"] = bool(_FLEX_EAGER_CALLS[0] > 0 or fallback_warned)
@@ -939,10 +1097,12 @@ def run(params):
     result["warnings"] = sorted(set(m.splitlines()[0][:200] for m in recorded))[:10]
     result["fx_tracing"] = _fx_facts(torch)
     result["dynamo"] = _dynamo_facts(torch, outs[0].get("frames_after_first"))
+    result["compile_times"] = _compile_times(torch)
     result["memory"] = _memory_facts(torch, dev)
     result["compile"]["effective"] = (
         bool(p["compile"]) and not disabled and (result["dynamo"].get("frames_compiled", 0) > 0)
     )
+    result["compile"]["unit"] = p["compile_unit"]
     errors = [o["error"] for o in outs if o.get("error")]
     for o in outs:
         if o.get("traceback"):
@@ -951,34 +1111,19 @@ def run(params):
         "count": n_threads,
         "errors": errors,
         "crashed": sum(1 for o in outs if o.get("error")),
+        "died": [o["error"].get("thread", 0) for o in outs if o.get("error")],
+        "per_thread": per_thread,
     }
     losses = outs[0].get("losses") or []
     result["loss"] = {"first": losses[0], "last": losses[-1]} if losses else None
     warm = [o["warmup_s"] for o in outs if o.get("warmup_s") is not None]
     result["warmup_s"] = max(warm) if warm else None
+    first = outs[0].get("warmup_steps_s") or []
+    result["first_step_s"] = first[0] if first else None
     if errors:
         result["error"] = errors[0]
         return _finish(result, t_start)
-    steps = [s for o in outs for s in o["step_times"]]
-    window = max(o["window_s"] for o in outs)
-    tokens = sum(o["tokens"] for o in outs)
-    flops = sum(o["flops"] for o in outs)
-    result["step_s"] = {
-        "median": statistics.median(steps),
-        "p10": _percentile(steps, 0.1),
-        "p90": _percentile(steps, 0.9),
-        "n": len(outs[0]["step_times"]),
-    }
-    result["timed_tokens"] = tokens
-    # tokens over (steps per drafter x median step; drafters step concurrently): a burst of
-    # load from elsewhere moves this far less than the window figure
-    med = result["step_s"]["median"]
-    result["tok_per_s_steady"] = tokens / (len(outs[0]["step_times"]) * med) if med else None
-    result["tok_per_s"] = tokens / window if window > 0 else None
-    result["tflops"] = flops / window / 1e12 if window > 0 else None
-    peak = _peak_tflops(p, dev_facts)
-    result["mfu"] = result["tflops"] / peak if peak and result["tflops"] else None
-    result["peak_tflops"] = peak
+    _throughput(result, p, outs, dev_facts)
     result["ok"] = all(math.isfinite(x) for x in losses)
     if not result["ok"]:
         result["error"] = {
@@ -986,6 +1131,171 @@ def run(params):
             "message": f"loss became {losses[-1]!r}",
         }
     return _finish(result, t_start)
+
+
+def _throughput(result, p, outs, dev_facts):
+    """tok/s over all timed windows, one figure per window (``samples``), step times, MFU.
+
+    Drafters step concurrently: a window's rate is the tokens of all drafters over the
+    longest drafter's time for that window."""
+    n_windows = min(len(o["windows"]) for o in outs)
+    samples = []
+    total_tokens, total_flops, total_s = 0, 0.0, 0.0
+    for w in range(n_windows):
+        ws = [o["windows"][w] for o in outs]
+        span = max(x["window_s"] for x in ws)
+        tokens = sum(x["tokens"] for x in ws)
+        total_tokens += tokens
+        total_flops += sum(x["flops"] for x in ws)
+        total_s += span
+        samples.append(tokens / span if span > 0 else None)
+    steps = [t for o in outs for x in o["windows"] for t in x["step_times"]]
+    per_drafter = sum(len(x["step_times"]) for x in outs[0]["windows"])
+    result["samples"] = samples
+    result["step_s"] = {
+        "median": statistics.median(steps),
+        "p10": _percentile(steps, 0.1),
+        "p90": _percentile(steps, 0.9),
+        "n": per_drafter,
+    }
+    result["timed_tokens"] = total_tokens
+    # tokens over (steps per drafter x median step; drafters step concurrently): a burst of
+    # load from elsewhere moves this far less than the window figure
+    med = result["step_s"]["median"]
+    result["tok_per_s_steady"] = total_tokens / (per_drafter * med) if med else None
+    result["tok_per_s"] = total_tokens / total_s if total_s > 0 else None
+    result["tflops"] = total_flops / total_s / 1e12 if total_s > 0 else None
+    peak = _peak_tflops(p, dev_facts)
+    result["mfu"] = result["tflops"] / peak if peak and result["tflops"] else None
+    result["peak_tflops"] = peak
+
+
+def _dynamo_overrides(p):
+    """The dynamo options the nested_fx knob sets, in every drafter thread."""
+    if p["nested_fx"] == "unoptimized":
+        return {"error_on_nested_fx_trace": False}
+    if p["nested_fx"] == "force":
+        return {"force_compile_during_fx_trace": True}
+    return {}
+
+
+class _dynamo_config:
+    """Set dynamo options for the current thread and restore them on exit (torch's config
+    can be thread-local, so each drafter thread sets its own)."""
+
+    def __init__(self, torch, overrides):
+        self.config = torch._dynamo.config
+        self.overrides = overrides
+        self.saved = {}
+
+    def __enter__(self):
+        for name, value in self.overrides.items():
+            self.saved[name] = getattr(self.config, name)
+            setattr(self.config, name, value)
+        return self
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            setattr(self.config, name, value)
+        return False
+
+
+def _apply_race_knobs(torch, p):
+    """The field's workarounds, each through the real mechanism; returns what is done
+    (the dynamo options are set per drafter thread, in ``_run_trainer``)."""
+    facts = {
+        "compile_unit": p["compile_unit"],
+        "mask_build": p["mask_build"],
+        "nested_fx": p["nested_fx"],
+        "patch_module": None,
+    }
+    config = torch._dynamo.config
+    if p["nested_fx"] == "force" and not hasattr(config, "force_compile_during_fx_trace"):
+        raise ValueError(
+            f"nested_fx 'force' needs torch >= 2.11 (this is {torch.__version__}): "
+            "torch._dynamo.config has no force_compile_during_fx_trace"
+        )
+    for name in ("error_on_nested_fx_trace", "force_compile_during_fx_trace"):
+        facts[name] = getattr(config, name, None)  # torch's value, before the overrides
+    facts.update(_dynamo_overrides(p))
+    if p["patch_module"]:
+        facts["patch_module"] = _import_patch_module(p["patch_module"])
+    facts["is_fx_symbolic_tracing"] = _fx_check_functions(torch)
+    return facts
+
+
+def _import_patch_module(path):
+    """Import a model file by path, as a training script imports its model: whatever it
+    patches at import time (``is_fx_symbolic_tracing = lambda: False``) is then in effect."""
+    import hashlib
+    import importlib.util
+
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    name = "envbisect_patch_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return {"path": os.path.abspath(path), "sha256": digest}
+
+
+def _fx_check_functions(torch):
+    """Which ``is_fx_symbolic_tracing`` the FX module and dynamo's wrapper each call: a
+    patch of the module attribute reaches dynamo only where dynamo looks it up there."""
+    out = {}
+    for label, modname in (
+        ("torch.fx._symbolic_trace", "torch.fx._symbolic_trace"),
+        ("torch._dynamo.eval_frame", "torch._dynamo.eval_frame"),
+    ):
+        mod = sys.modules.get(modname)
+        fn = getattr(mod, "is_fx_symbolic_tracing", None) if mod is not None else None
+        if fn is None:
+            out[label] = None
+            continue
+        code = getattr(fn, "__code__", None)
+        out[label] = {
+            "qualname": getattr(fn, "__qualname__", "?"),
+            "defined_in": code.co_filename if code else None,
+            "patched": getattr(fn, "__qualname__", "") == "<lambda>"
+            or (code is not None and not code.co_filename.endswith("_symbolic_trace.py")),
+        }
+    return out
+
+
+def _thread_facts(p, tr, out):
+    """One drafter's outcome: finished or died (where, after how many steps), and the
+    path its attention took (compiled, or run unoptimized by dynamo)."""
+    err = out.get("error")
+    eager = int(out.get("eager_attention_calls") or 0)
+    if not p["compile"]:
+        path = "eager (compile off)"
+    elif eager == 0:
+        path = "compiled"
+    else:
+        path = f"unoptimized: {eager} attention calls ran outside a compiled graph"
+    return {
+        "index": tr.index,
+        "ok": err is None,
+        "steps_done": tr.steps_done,
+        "error": None if err is None else {k: err.get(k) for k in ("class", "message", "stage")},
+        "path": path,
+        "eager_attention_calls": eager,
+        "mask_builds": tr.mask_builds,
+    }
+
+
+def _compile_times(torch):
+    """Seconds spent per compile phase (dynamo's own counters), largest first."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except Exception:
+        return None
+    totals = {k: float(sum(v)) for k, v in compilation_time_metrics.items() if v}
+    top = sorted(totals.items(), key=lambda kv: -kv[1])[:12]
+    return {k: round(v, 3) for k, v in top}
 
 
 def _finish(result, t_start):
@@ -1057,6 +1367,11 @@ def build_arg_parser():
     ap.add_argument("--vary-shapes", action="store_true", default=None)
     ap.add_argument("--data", default=None, help="JSONL dataset whose lengths drive the batches")
     ap.add_argument("--drafter-threads", type=int, default=None)
+    ap.add_argument("--compile-unit", choices=COMPILE_UNITS, default=None)
+    ap.add_argument("--mask-build", choices=MASK_BUILDS, default=None)
+    ap.add_argument("--nested-fx", choices=NESTED_FX, default=None)
+    ap.add_argument("--patch-module", default=None, help="a .py file imported first")
+    ap.add_argument("--samples", type=int, default=None, help="timed windows after warm-up")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--peak-tflops", type=float, default=None)

@@ -135,10 +135,22 @@ def summary_lines(outcome: SmokeOutcome) -> list[str]:
     if (r.get("threads") or {}).get("count", 1) > 1:
         t = r["threads"]
         facts.append(f"{t['count']} drafter threads, {t['crashed']} crashed")
+    if r.get("samples") and len(r["samples"]) > 1:
+        facts.append("samples " + ", ".join(_fmt_rate(x) for x in r["samples"]))
     if mem.get("peak_allocated_bytes") is not None:
         facts.append(f"peak {mem['peak_allocated_bytes'] / 2**30:.1f} GiB")
     elif mem.get("peak_rss_bytes") is not None:
         facts.append(f"peak RSS {mem['peak_rss_bytes'] / 2**20:.0f} MiB")
     lines.append("  " + "; ".join(facts))
+    for t in (r.get("threads") or {}).get("per_thread") or []:
+        if (r.get("threads") or {}).get("count", 1) < 2:
+            break
+        err = t.get("error")
+        state = (
+            f"died after {t['steps_done']} steps ({err['stage']}): {err['class']}: {err['message']}"
+            if err
+            else f"finished {t['steps_done']} steps"
+        )
+        lines.append(f"  drafter {t['index']}: {state}; attention {t['path']}")
     lines.append(f"  logs: {outcome.log_dir}")
     return lines
