@@ -76,6 +76,31 @@ for unit in ("flex", "layer", "model"):
             RACE + ["--compile-unit", unit, "--drafter-threads", "3", *flags],
             {},
         )
+COLD3 = {
+    "TORCHINDUCTOR_CACHE_DIR": "/tmp/envbisect-inductor-cold3",
+    "TRITON_CACHE_DIR": "/tmp/envbisect-triton-cold3",
+}
+# shapes that change every step: recompiles in one drafter while the others step
+for unit in ("flex", "layer", "model"):
+    for n, tag in ((1, "a"), (3, "a"), (3, "b"), (6, "a")):
+        CONFIGS[f"race-vary-{unit}-t{n}-{tag}"] = (
+            RACE + ["--vary-shapes", "--compile-unit", unit, "--drafter-threads", str(n)],
+            {},
+        )
+    for knob, flags in (
+        ("patch", ["--patch-module", FIELD_PATCH_FILE]),
+        ("unoptimized", ["--nested-fx", "unoptimized"]),
+        ("force", ["--nested-fx", "force"]),
+        ("locked", ["--mask-build", "locked"]),
+        ("once", ["--mask-build", "once"]),
+    ):
+        CONFIGS[f"race-vary-{unit}-t3-{knob}"] = (
+            RACE + ["--vary-shapes", "--compile-unit", unit, "--drafter-threads", "3", *flags],
+            {},
+        )
+CONFIGS["h200-eagermask-cold"] = (["--mask-compile", "off"], dict(COLD3))
+CONFIGS["h200-eagermask-s5-a"] = (["--mask-compile", "off", "--samples", "5"], dict(COLD3))
+CONFIGS["h200-eagermask-s5-b"] = (["--mask-compile", "off", "--samples", "5"], dict(COLD3))
 for unit in ("layer", "model"):
     CONFIGS[f"h200-{unit}-cold"] = (["--compile-unit", unit], dict(COLD))
     CONFIGS[f"h200-{unit}-s5-a"] = (["--compile-unit", unit, "--samples", "5"], dict(COLD))
@@ -137,7 +162,11 @@ def main(argv: list[str]) -> int:
                 rc = proc.returncode
             except subprocess.TimeoutExpired:
                 proc.send_signal(signal.SIGABRT)  # faulthandler dumps every thread's stack
-                stdout, _ = proc.communicate()
+                try:
+                    stdout, _ = proc.communicate(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    stdout, _ = proc.communicate()
                 rc = "timeout"
             lines = [
                 ln for ln in stdout.decode().splitlines() if ln.startswith("ENVBISECT_RESULT ")

@@ -138,6 +138,11 @@ DEFAULTS = {
     # loader with per-batch anchors does), "locked" (every step, under one process-wide
     # lock), "once" (once per drafter, before the threads start; batches reuse its anchors)
     "mask_build": "step",
+    # build block masks with create_block_mask(..., _compile=True): "auto" = only with two
+    # or more drafter threads (the field's data-loader pattern). Measured on the H200: the
+    # compiled mask of the h200 preset alone takes over 200 s to compile cold, the eager
+    # one milliseconds (benchmarks/RESULTS.md)
+    "mask_compile": "auto",
     # dynamo's check for a call made while some thread FX-traces: "error" (torch's default,
     # the field's RuntimeError), "unoptimized" (error_on_nested_fx_trace = False: the call
     # runs without dynamo), "force" (force_compile_during_fx_trace = True, torch >= 2.11)
@@ -260,6 +265,11 @@ def resolve_params(params, cuda_available):
         raise ValueError(
             "unknown mask build {!r} ({})".format(p["mask_build"], ", ".join(MASK_BUILDS))
         )
+    if p["mask_compile"] == "auto":
+        p["mask_compile"] = bool(p["compile"]) and int(p["drafter_threads"]) > 1
+    elif p["mask_compile"] in ("on", "off"):
+        p["mask_compile"] = p["mask_compile"] == "on"
+    p["mask_compile"] = bool(p["mask_compile"])
     if p["nested_fx"] not in NESTED_FX:
         raise ValueError("unknown nested_fx {!r} ({})".format(p["nested_fx"], ", ".join(NESTED_FX)))
     if p["patch_module"] and not os.path.isfile(p["patch_module"]):
@@ -623,7 +633,7 @@ class Trainer:
 
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        compiled_mask = bool(p["compile"])
+        compiled_mask = bool(p["mask_compile"])
         flex = flex_attention
         if p["compile"] and p["compile_unit"] == "flex":
             flex = _compiled_flex(torch, flex_attention, compile_kwargs(p))
@@ -1206,6 +1216,7 @@ def _apply_race_knobs(torch, p):
     facts = {
         "compile_unit": p["compile_unit"],
         "mask_build": p["mask_build"],
+        "mask_compile": p["mask_compile"],
         "nested_fx": p["nested_fx"],
         "patch_module": None,
     }
@@ -1370,6 +1381,7 @@ def build_arg_parser():
     ap.add_argument("--compile-unit", choices=COMPILE_UNITS, default=None)
     ap.add_argument("--mask-build", choices=MASK_BUILDS, default=None)
     ap.add_argument("--nested-fx", choices=NESTED_FX, default=None)
+    ap.add_argument("--mask-compile", choices=["auto", "on", "off"], default=None)
     ap.add_argument("--patch-module", default=None, help="a .py file imported first")
     ap.add_argument("--samples", type=int, default=None, help="timed windows after warm-up")
     ap.add_argument("--seed", type=int, default=None)
