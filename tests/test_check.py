@@ -163,3 +163,52 @@ def _alive(pid: int) -> bool:
             return fh.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+WINDOWS = """
+import json, os, sys
+with open(sys.argv[1], "a") as fh:
+    fh.write("start\\n")
+n = int(os.environ["ENVBISECT_SAMPLES"])
+rates = [1000.0 + 10 * k for k in range(n)]
+with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
+    json.dump({"ok": True, "tok_per_s": sum(rates) / n, "samples": rates}, fh)
+"""
+
+
+def test_check_takes_its_samples_from_one_process(tmp_path: Path) -> None:
+    script, starts = tmp_path / "windows.py", tmp_path / "starts.txt"
+    script.write_text(WINDOWS)
+    from envbisect.runner import SmokeCommand, check
+    from envbisect.transport import Transport
+
+    res = check(
+        SmokeCommand(argv=(sys.executable, str(script), str(starts))),
+        threshold=500.0,
+        transport=Transport(),
+        python=sys.executable,
+        repeats=3,
+    )
+    assert res.samples == (1000.0, 1010.0, 1020.0)
+    assert starts.read_text().count("start") == 1  # one process, one warm-up
+    assert res.verdict == "good"
+
+
+def test_a_command_with_one_figure_is_run_once_per_sample(tmp_path: Path) -> None:
+    from envbisect.runner import SmokeCommand, check
+    from envbisect.transport import Transport
+
+    starts = tmp_path / "starts.txt"
+    code = (
+        f"open({str(starts)!r}, 'a').write('start\\n'); print('ENVBISECT_RESULT', "
+        "'{\"ok\": true, \"tok_per_s\": 2000}')"
+    )
+    res = check(
+        SmokeCommand(argv=(sys.executable, "-c", code)),
+        threshold=500.0,
+        transport=Transport(),
+        python=sys.executable,
+        repeats=2,
+    )
+    assert res.samples == (2000.0, 2000.0)
+    assert starts.read_text().count("start") == 2

@@ -414,3 +414,12 @@ def test_cli_smoke_print_command_shows_env_layer() -> None:
     assert res.exception is None, res.output
     assert res.return_value == 0
     assert res.stdout.strip() == "env OMP_NUM_THREADS=1 /opt/py/bin/python3 -"
+
+
+def test_samples_env_sets_the_window_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVBISECT_SAMPLES", "2")
+    result = drafter.run(micro(steps=1))
+    assert result["ok"], result["error"]
+    assert len(result["samples"]) == 2
+    monkeypatch.setenv("ENVBISECT_SAMPLES", "many")
+    assert drafter.run(micro())["error"]["stage"] == "params"

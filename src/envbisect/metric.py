@@ -26,6 +26,9 @@ from typing import Any
 
 from envbisect.errors import UsageError
 
+# How many timed windows a trial asks one run for (the built-in drafter reads it; any smoke
+# command may, and report them as a ``samples`` list in its result).
+SAMPLES_ENV = "ENVBISECT_SAMPLES"
 RESULT_ENV = "ENVBISECT_RESULT"
 RESULT_LINE = re.compile(rb"^ENVBISECT_RESULT (\{.*\})\s*$", re.MULTILINE)
 
@@ -92,8 +95,24 @@ class Measurement:
     def ok(self) -> bool:
         return self.failure is None and self.tok_per_s is not None
 
+    @property
+    def samples(self) -> tuple[float, ...]:
+        """The run's samples: its timed windows (``samples`` in a smoke-style result, one
+        process, one warm-up) or, where it reported none, its one throughput."""
+        if not self.ok:
+            return ()
+        windows = self.result.get("samples")
+        if isinstance(windows, list) and windows and all(_rate(x) for x in windows):
+            return tuple(float(x) for x in windows)
+        assert self.tok_per_s is not None
+        return (self.tok_per_s,)
+
     def as_dict(self) -> dict[str, Any]:
         return {"tok_per_s": self.tok_per_s, "failure": self.failure, "source": self.source}
+
+
+def _rate(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def parse_ktoks(text: str) -> float:

@@ -33,7 +33,14 @@ from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.bisect.actuate import Actuator, Realized
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
-from envbisect.metric import RESULT_ENV, Measurement, MetricSpec, format_ktok, measure
+from envbisect.metric import (
+    RESULT_ENV,
+    SAMPLES_ENV,
+    Measurement,
+    MetricSpec,
+    format_ktok,
+    measure,
+)
 from envbisect.transport import Layer, LayerKind, Transport
 
 DRAFTER = "envbisect.smoke.drafter"
@@ -80,13 +87,18 @@ def run_once(
     log_dir: Path,
     name: str,
     argv_map: Callable[[Sequence[str]], list[str]] | None = None,
+    samples: int = 1,
 ) -> Measurement:
-    """Run the smoke command once and read its throughput (never raises for a bad run)."""
+    """Run the smoke command once and read its throughput (never raises for a bad run).
+
+    ``samples`` timed windows are asked of the one process (the built-in drafter through its
+    params, any other command through ``$ENVBISECT_SAMPLES``): one start, one warm-up."""
     log_dir.mkdir(parents=True, exist_ok=True)
     result_file = log_dir / f"{name}.result.json"
     if result_file.exists():
         result_file.unlink()
     run_env = dict(env if env is not None else os.environ)
+    run_env[SAMPLES_ENV] = str(samples)
     remote = bool(transport.layers)
     if not remote:
         run_env[RESULT_ENV] = str(result_file)  # a path on this machine: not for a far side
@@ -94,7 +106,8 @@ def run_once(
     # variables ride in an innermost env layer instead.
     via = _far_transport(transport, run_env) if remote else transport
     if smoke.builtin:
-        bundle = build_bundle(DRAFTER, dict(smoke.drafter_params), deadline_s=timeout_s)
+        params = {"samples": samples, **dict(smoke.drafter_params)}
+        bundle = build_bundle(DRAFTER, params, deadline_s=timeout_s)
         res = via.run(
             [python, "-"],
             stdin=bundle.source,
@@ -188,7 +201,9 @@ def check(
     log_dir = Path(tempfile.mkdtemp(prefix="envbisect-check-", dir=log_root))
     samples: list[float] = []
     failure: str | None = None
-    for k in range(repeats):
+    k = 0
+    while len(samples) < repeats:
+        k += 1
         m = run_once(
             smoke,
             transport=transport,
@@ -197,13 +212,13 @@ def check(
             cwd=None,
             timeout_s=timeout_s,
             log_dir=log_dir,
-            name=f"run-{k + 1}",
+            name=f"run-{k}",
+            samples=repeats - len(samples),
         )
         if not m.ok:
             failure = m.failure
             break
-        assert m.tok_per_s is not None
-        samples.append(m.tok_per_s)
+        samples.extend(m.samples)
     if failure is None:
         shutil.rmtree(log_dir, ignore_errors=True)
         return CheckResult(threshold, tuple(samples), None, None)
@@ -344,13 +359,7 @@ class _TrialRunner:
             if realized.failure is not None:
                 failure = realized.failure
             else:
-                for k in range(n):
-                    m = self._run(realized, trial_dir, f"run-{k + 1}")
-                    if not m.ok:
-                        failure = m.failure
-                        break
-                    assert m.tok_per_s is not None
-                    samples.append(m.tok_per_s)
+                failure = self._sample(realized, trial_dir, n, samples)
         rec = TrialRecord(
             index=index,
             key=key,
@@ -368,7 +377,21 @@ class _TrialRunner:
         self.progress(f"  {shown} Ktok/s{tail}  [log {trial_dir}]")
         return Outcome(samples=tuple(samples), failure=failure)
 
-    def _run(self, realized: Realized, trial_dir: Path, name: str) -> Measurement:
+    def _sample(
+        self, realized: Realized, trial_dir: Path, n: int, samples: list[float]
+    ) -> str | None:
+        """Fill ``samples`` up to ``n``: one process gives as many timed windows as asked (a
+        command that reports one figure gives one); returns the failure, if any."""
+        k = 0
+        while len(samples) < n:
+            k += 1
+            m = self._run(realized, trial_dir, f"run-{k}", n - len(samples))
+            if not m.ok:
+                return m.failure
+            samples.extend(m.samples)
+        return None
+
+    def _run(self, realized: Realized, trial_dir: Path, name: str, samples: int) -> Measurement:
         return run_once(
             self.o.smoke,
             transport=self.o.transport,
@@ -379,6 +402,7 @@ class _TrialRunner:
             log_dir=trial_dir,
             name=name,
             argv_map=realized.map_argv,
+            samples=samples,
         )
 
 

@@ -38,6 +38,7 @@ import warnings
 
 RESULT_PREFIX = "ENVBISECT_RESULT "
 RESULT_ENV = "ENVBISECT_RESULT"
+SAMPLES_ENV = "ENVBISECT_SAMPLES"
 SCHEMA = "envbisect/smoke@1"
 
 # Keys every result carries (values may be null when a run failed before knowing them).
@@ -215,6 +216,11 @@ def log(msg):
 def resolve_params(params, cuda_available):
     """Merge defaults, the preset and explicit params; fill the 'auto' choices."""
     p = dict(DEFAULTS)
+    if os.environ.get(SAMPLES_ENV):  # asked by envbisect run/check for a user smoke command
+        try:
+            p["samples"] = int(os.environ[SAMPLES_ENV])
+        except ValueError:
+            raise ValueError(f"${SAMPLES_ENV}={os.environ[SAMPLES_ENV]!r}: not a count") from None
     p.update({k: v for k, v in params.items() if v is not None})
     device = p["device"]
     if device == "auto":
