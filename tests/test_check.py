@@ -201,7 +201,7 @@ def test_a_command_with_one_figure_is_run_once_per_sample(tmp_path: Path) -> Non
     starts = tmp_path / "starts.txt"
     code = (
         f"open({str(starts)!r}, 'a').write('start\\n'); print('ENVBISECT_RESULT', "
-        "'{\"ok\": true, \"tok_per_s\": 2000}')"
+        '\'{"ok": true, "tok_per_s": 2000}\')'
     )
     res = check(
         SmokeCommand(argv=(sys.executable, "-c", code)),

@@ -32,6 +32,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
+import contextlib
+
 from envbisect.demo import FIELD_PATCH, FIXTURE, _git, _write_prompts  # noqa: E402
 
 SMOKE = [
@@ -143,10 +145,26 @@ def main() -> int:
     t = time.monotonic()
     run = tr.run(
         [
-            *eb, "run", "--config", str(cfg), "--python", py,
-            "--good", str(good), "--bad", str(bad),
-            "--until-ktoks", f"{threshold / 1000:.1f}k", "--session", str(root / "session"),
-            "--timeout", "240", "--json", str(out / "run.json"), "--report", str(out / "report.md"),
+            *eb,
+            "run",
+            "--config",
+            str(cfg),
+            "--python",
+            py,
+            "--good",
+            str(good),
+            "--bad",
+            str(bad),
+            "--until-ktoks",
+            f"{threshold / 1000:.1f}k",
+            "--session",
+            str(root / "session"),
+            "--timeout",
+            "240",
+            "--json",
+            str(out / "run.json"),
+            "--report",
+            str(out / "report.md"),
         ],  # fmt: skip
         bad_env,
         root,
@@ -157,10 +175,8 @@ def main() -> int:
     for d in trials:
         walls = []
         for res in sorted(d.glob("*.result.json")):
-            try:
+            with contextlib.suppress(ValueError):
                 walls.append(round(json.loads(res.read_text()).get("elapsed_s") or 0, 1))
-            except ValueError:
-                pass
         tr.say(f"trial {d.name}: drafter elapsed_s per process {walls}")
     shutil.copy(good, out / "good.yaml")
     shutil.copy(bad, out / "bad.yaml")

@@ -1062,7 +1062,7 @@ def run(params):
         old_show(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
-    trainers = []
+    trainers = [None] * n_threads
     try:
         _FLEX_EAGER_CALLS[0] = 0
         _reset_dynamo(torch)  # counters and caches are per process: make them per run
@@ -1074,39 +1074,58 @@ def run(params):
             f"compile={p['compile']} ({p['compile_unit']}) threads={n_threads} "
             f"masks={p['mask_build']} samples={p['samples']}"
         )
-        try:
-            for i in range(n_threads):
-                trainers.append(Trainer(torch, p, index=i, lengths=lengths))
-            if p["mask_build"] == "once":
-                for tr in trainers:  # here, in the main thread, before any drafter thread
-                    tr.prebuild_mask()
-        except BaseException as exc:
-            outs[0]["error"] = _error_dict(exc)
-            outs[0]["error"]["stage"] = "build"
-            outs[0]["traceback"] = traceback.format_exc()
-        if len(trainers) == n_threads:
-            if n_threads == 1:
+        # The field's drafters each built their own model in their own thread, so their
+        # compiles start out of step: one thread traces while another enters a compiled
+        # function. "once" builds everything here, before any thread starts.
+        in_thread = n_threads > 1 and p["mask_build"] != "once"
+        trainers = [None] * n_threads
+        if not in_thread:
+            try:
+                for i in range(n_threads):
+                    trainers[i] = Trainer(torch, p, index=i, lengths=lengths)
+                if p["mask_build"] == "once":
+                    for tr in trainers:  # here, in the main thread, before any drafter thread
+                        tr.prebuild_mask()
+            except BaseException as exc:
+                outs[0]["error"] = _error_dict(exc)
+                outs[0]["error"]["stage"] = "build"
+                outs[0]["traceback"] = traceback.format_exc()
+        if n_threads == 1:
+            if trainers[0] is not None:
                 _run_trainer(torch, trainers[0], p, None, outs[0])
-            else:
-                barrier = threading.Barrier(n_threads)
-                threads = [
-                    threading.Thread(
-                        target=_run_trainer, args=(torch, tr, p, barrier, out), daemon=True
-                    )
-                    for tr, out in zip(trainers, outs)  # noqa: B905 (Python 3.8 target)
-                ]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+        elif in_thread or all(tr is not None for tr in trainers):
+            barrier = threading.Barrier(n_threads)
+
+            def drafter(i):
+                if trainers[i] is None:
+                    try:
+                        trainers[i] = Trainer(torch, p, index=i, lengths=lengths)
+                    except BaseException as exc:
+                        outs[i]["error"] = dict(_error_dict(exc), stage="build", thread=i)
+                        outs[i]["error"]["after_steps"] = 0
+                        outs[i]["traceback"] = traceback.format_exc()
+                        barrier.abort()
+                        return
+                _run_trainer(torch, trainers[i], p, barrier, outs[i])
+
+            threads = [
+                threading.Thread(target=drafter, args=(i,), daemon=True) for i in range(n_threads)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
     except BaseException as exc:  # a patch module that fails to import, say
         outs[0].setdefault("error", _error_dict(exc))
         outs[0]["error"].setdefault("stage", "setup")
         outs[0]["traceback"] = traceback.format_exc()
     finally:
         warnings.showwarning = old_show
-    per_thread = [_thread_facts(p, tr, out) for tr, out in zip(trainers, outs)]  # noqa: B905
-    del trainers
+    per_thread = [
+        _thread_facts(p, i, tr, out)
+        for i, (tr, out) in enumerate(zip(trainers, outs))  # noqa: B905
+    ]
+    trainers.clear()  # free the drafters before the memory facts
     fallback_warned = any("without torch.compile" in m for m in recorded)
     result["flex_fallback"] = bool(_FLEX_EAGER_CALLS[0] > 0 or fallback_warned)
     result["flex_eager_calls"] = _FLEX_EAGER_CALLS[0]
@@ -1282,7 +1301,7 @@ def _fx_check_functions(torch):
     return out
 
 
-def _thread_facts(p, tr, out):
+def _thread_facts(p, index, tr, out):
     """One drafter's outcome: finished or died (where, after how many steps), and the
     path its attention took (compiled, or run unoptimized by dynamo)."""
     err = out.get("error")
@@ -1294,13 +1313,13 @@ def _thread_facts(p, tr, out):
     else:
         path = f"unoptimized: {eager} attention calls ran outside a compiled graph"
     return {
-        "index": tr.index,
-        "ok": err is None,
-        "steps_done": tr.steps_done,
+        "index": index,
+        "ok": err is None and tr is not None,
+        "steps_done": tr.steps_done if tr is not None else 0,
         "error": None if err is None else {k: err.get(k) for k in ("class", "message", "stage")},
         "path": path,
         "eager_attention_calls": eager,
-        "mask_builds": tr.mask_builds,
+        "mask_builds": tr.mask_builds if tr is not None else 0,
     }
 
 
