@@ -225,6 +225,7 @@ def test_bad_data_line_is_a_params_error(tmp_path: Path) -> None:
 def test_drafter_threads_step_concurrently() -> None:
     result = drafter.run(micro(drafter_threads=2))
     assert result["ok"], result["error"]
+    assert result["compile"]["unit"] == "flex"  # auto with 2+ drafters: the field's pattern
     threads = result["threads"]
     assert (threads["count"], threads["errors"], threads["crashed"], threads["died"]) == (
         2,
@@ -262,6 +263,7 @@ def fx_flag_restored():
 
 
 def _compiled(**over):
+    over.setdefault("compile_unit", "layer")  # on CPU attention is sdpa: compile it
     return micro(compile=True, compile_backend="eager", drafter_threads=2, **over)
 
 

@@ -36,10 +36,11 @@ def _load_config(config_path: str | None) -> Any:
 )
 @click.option(
     "--compile-unit",
-    type=click.Choice(["model", "layer", "flex"]),
+    type=click.Choice(["auto", "model", "layer", "flex"]),
     default=None,
-    help="What torch.compile wraps: the whole drafter, each decoder layer (default: one "
-    "graph reused, the fastest cold start) or only flex_attention and the loss.",
+    help="What torch.compile wraps: the whole drafter, each decoder layer (one graph reused: "
+    "the fastest cold start) or only flex_attention and the loss (a model file's "
+    "torch.compile(flex_attention)). auto (default): flex with 2+ drafter threads, else layer.",
 )
 @click.option(
     "--mask-build",

@@ -134,7 +134,9 @@ DEFAULTS = {
     # decoder layer: regional compilation, one graph reused by every layer), "flex" (only
     # flex_attention and the loss, the rest eager: a model file's
     # ``flex_attention = torch.compile(flex_attention)``)
-    "compile_unit": "layer",
+    # "auto": "flex" with two or more drafter threads (the field's pattern, the one measured
+    # to reproduce its race on the H200), else "layer"
+    "compile_unit": "auto",
     # when block masks are built: "step" (every step, in the drafter's own thread, as a data
     # loader with per-batch anchors does), "locked" (every step, under one process-wide
     # lock), "once" (once per drafter, before the threads start; batches reuse its anchors)
@@ -263,6 +265,8 @@ def resolve_params(params, cuda_available):
         raise ValueError("drafter_threads must be >= 1")
     if int(p["samples"]) < 1:
         raise ValueError("samples must be >= 1")
+    if p["compile_unit"] == "auto":
+        p["compile_unit"] = "flex" if int(p["drafter_threads"]) > 1 else "layer"
     if p["compile_unit"] not in COMPILE_UNITS:
         raise ValueError(
             "unknown compile unit {!r} ({})".format(p["compile_unit"], ", ".join(COMPILE_UNITS))
@@ -621,12 +625,14 @@ class Trainer:
         rep = p["heads"] // p["kv_heads"]
 
         if p["attn"] == "sdpa":
+            # the "flex" compile unit leaves sdpa eager by design: not a fallback
+            sdpa_compiled = p["compile_unit"] != "flex"
 
             def factory(anchors, ctx_len):
                 mask = dflash_mask_dense(torch, anchors, ctx_len, bs).unsqueeze(1)
 
                 def attend(q, k, v):
-                    if not torch.compiler.is_compiling():
+                    if not torch.compiler.is_compiling() and sdpa_compiled:
                         _count_eager_attention()
                     if gqa:
                         k = k.repeat_interleave(rep, dim=1)
@@ -1403,7 +1409,7 @@ def build_arg_parser():
     ap.add_argument("--vary-shapes", action="store_true", default=None)
     ap.add_argument("--data", default=None, help="JSONL dataset whose lengths drive the batches")
     ap.add_argument("--drafter-threads", type=int, default=None)
-    ap.add_argument("--compile-unit", choices=COMPILE_UNITS, default=None)
+    ap.add_argument("--compile-unit", choices=("auto",) + COMPILE_UNITS, default=None)
     ap.add_argument("--mask-build", choices=MASK_BUILDS, default=None)
     ap.add_argument("--nested-fx", choices=NESTED_FX, default=None)
     ap.add_argument("--mask-compile", choices=["auto", "on", "off"], default=None)
