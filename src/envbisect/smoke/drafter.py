@@ -175,7 +175,8 @@ ENV_REPORTED = (
 _FLEX_EAGER_CALLS = [0]  # flex_attention calls that ran outside a compiled graph
 _MASK_LOCK = threading.Lock()  # mask_build "locked"
 _TL = threading.local()  # per drafter thread: attention calls that ran outside a graph
-_COMPILED_FLEX = {}  # compile kwargs -> torch.compile(flex_attention), shared by all drafters
+# compile kwargs -> torch.compile(flex_attention), shared by all drafters
+_COMPILED_FLEX: dict[str, object] = {}
 _COMPILED_FLEX_LOCK = threading.Lock()
 
 
