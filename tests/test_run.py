@@ -393,3 +393,41 @@ def test_a_crashing_change_is_the_culprit_or_is_skipped(tmp_path: Path, on_crash
         # The bad endpoint cannot be measured: nothing to bisect against.
         assert res.return_value == 1
         assert doc["outcome"] != "found"
+
+
+WINDOWED = """
+import json, os
+n = int(os.environ["ENVBISECT_SAMPLES"])
+rate = 300.0 if os.environ.get("EB_SLOW") else 1000.0
+rates = [rate * (1 + 0.01 * k) for k in range(n)]
+with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
+    json.dump({"ok": True, "tok_per_s": rates[0], "samples": rates}, fh)
+"""
+
+
+def test_trial_samples_come_from_one_process_endpoints_from_two(tmp_path: Path) -> None:
+    from tests.helpers_run import manifest
+
+    script = tmp_path / "windowed.py"
+    script.write_text(WINDOWED)
+    good = manifest(tmp_path / "good.yaml", env={})
+    bad = manifest(tmp_path / "bad.yaml", env={"EB_A": "1", "EB_B": "1", "EB_SLOW": "1"})
+    (tmp_path / "envbisect.yaml").write_text("{}\n")
+    out = tmp_path / "r.json"
+    argv = [
+        "run", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
+        "--good", str(good), "--bad", str(bad), "--until-ktoks", "600",
+        "--session", str(tmp_path / "session"), "--json", str(out),
+        "--", sys.executable, str(script),
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0, res.output
+    doc = json.loads(out.read_text())
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    runs = {}
+    for trial in sorted((tmp_path / "session" / "trials").iterdir()):
+        runs[trial.name] = len(list(trial.glob("run-*.result.json")))
+    trials = sorted(runs)
+    assert runs[trials[0]] == 2 and runs[trials[1]] == 2  # the endpoints: two processes
+    assert all(runs[t] == 1 for t in trials[2:]), runs  # every other state: one process
+    assert all(len(t["samples"]) >= 3 for t in doc["trials"])
