@@ -1313,7 +1313,10 @@ def _thread_facts(p, index, tr, out):
     path its attention took (compiled, or run unoptimized by dynamo)."""
     err = out.get("error")
     eager = int(out.get("eager_attention_calls") or 0)
-    if not p["compile"]:
+    steps = tr.steps_done if tr is not None else 0
+    if err is not None and steps == 0 and eager == 0:
+        path = "none (died before its first step)"
+    elif not p["compile"]:
         path = "eager (compile off)"
     elif eager == 0:
         path = "compiled"

@@ -151,6 +151,7 @@ def summary_lines(outcome: SmokeOutcome) -> list[str]:
             if err
             else f"finished {t['steps_done']} steps"
         )
-        lines.append(f"  drafter {t['index']}: {state}; attention {t['path']}")
+        path = "" if t["path"].startswith("none") else f"; attention {t['path']}"
+        lines.append(f"  drafter {t['index']}: {state}{path}")
     lines.append(f"  logs: {outcome.log_dir}")
     return lines
