@@ -151,7 +151,8 @@ def summary_lines(outcome: SmokeOutcome) -> list[str]:
             if err
             else f"finished {t['steps_done']} steps"
         )
-        path = "" if t["path"].startswith("none") else f"; attention {t['path']}"
+        died_at_once = err and not t.get("steps_done")
+        path = "" if died_at_once else f"; attention {t['path']}"
         lines.append(f"  drafter {t['index']}: {state}{path}")
     lines.append(f"  logs: {outcome.log_dir}")
     return lines
