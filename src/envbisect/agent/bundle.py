@@ -2,12 +2,15 @@
 
 A bundle is one Python script that registers the needed envbisect modules from their source
 text (so the target needs nothing installed), opens the channel, calls ``main(params)`` of
-the program module and emits the returned dict. Parameters are embedded as JSON literals:
-nothing but ``python3 -`` ever appears on a command line, so no layer can mangle them.
+the program module and emits the returned dict. A module that imports other envbisect agent
+modules names them in ``AGENT_REQUIRES``; they are registered before it. Parameters are
+embedded as JSON literals: nothing but ``python3 -`` ever appears on a command line, so no
+layer can mangle them.
 """
 
 from __future__ import annotations
 
+import ast
 import base64
 import binascii
 import importlib.util
@@ -59,6 +62,21 @@ _sys.stderr.flush()
 """
 
 
+_REQUIRES = re.compile(r"^AGENT_REQUIRES = (\([^)]*\))", re.MULTILINE)
+
+
+def _requires(name: str) -> list[str]:
+    """``name``'s ``AGENT_REQUIRES``, theirs first, each once. Read from the source text: an
+    agent module (the drafter imports torch) is never imported here."""
+    found = _REQUIRES.search(_module_source(name))
+    order: list[str] = []
+    for dep in ast.literal_eval(found.group(1)) if found else ():
+        for sub in [*_requires(dep), dep]:
+            if sub not in order:
+                order.append(sub)
+    return order
+
+
 def _module_source(name: str) -> str:
     spec = importlib.util.find_spec(name)
     if spec is None or spec.origin is None:
@@ -83,7 +101,11 @@ def build_bundle(
 ) -> Bundle:
     """Bundle ``module`` (whose ``main(params) -> dict`` is called) with the channel."""
     nonce = secrets.token_hex(8)
-    order = [*extra_modules, module]
+    order: list[str] = []
+    for name in (*extra_modules, module):
+        for sub in [*_requires(name), name]:
+            if sub not in order:
+                order.append(sub)
     sources = {"envbisect.agent.channel": _module_source("envbisect.agent.channel")}
     for name in order:
         sources[name] = _module_source(name)

@@ -26,7 +26,12 @@ import sys
 import tempfile
 import time
 
-# -- secrets -------------------------------------------------------------------------------
+# Secrets are redacted by the one implementation the host uses too; the bundle ships it along.
+from envbisect.agent.redact import redact_env, redact_text
+
+AGENT_REQUIRES = ("envbisect.agent.redact",)
+
+# -- what is collected from the environment ----------------------------------------------
 
 ENV_PREFIXES = (
     "PYTORCH_",
@@ -46,39 +51,6 @@ ENV_PREFIXES = (
 )
 ENV_NAMES = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PATH")
 
-_SECRET_NAME = re.compile(
-    r"TOKEN|SECRET|PASSW|API_?KEY|ACCESS_KEY|CREDENTIAL|AUTH|PRIVATE|SESSION|COOKIE|^AWS_"
-    r"|^HF_TOKEN$|^WANDB_API_KEY$",
-    re.IGNORECASE,
-)
-# scheme://userinfo@ -- any userinfo (user:pass or a bare token) is a credential.
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s?#]+@")
-
-
-def is_secret_name(name):
-    return bool(_SECRET_NAME.search(name))
-
-
-def _digest8(value):
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:8]
-
-
-def strip_url_credentials(text):
-    """``text`` with every ``scheme://user:pass@`` reduced to ``scheme://``."""
-    return _URL_USERINFO.sub(r"\1", text)
-
-
-def redact_env_value(name, value):
-    """The value to record for env var ``name``: as is, or ``{redacted: <sha256[:8]>}``.
-
-    A credential inside a URL redacts the value too; ``masked`` keeps the rest readable.
-    """
-    if is_secret_name(name):
-        return {"redacted": _digest8(value)}
-    if _URL_USERINFO.search(value):
-        return {"redacted": _digest8(value), "masked": strip_url_credentials(value)}
-    return value
-
 
 # -- helpers -------------------------------------------------------------------------------
 
@@ -90,7 +62,7 @@ class _Collector:
         self.cmd_timeout = float(params.get("cmd_timeout_s") or 10.0)
 
     def error(self, section, message):
-        self.errors.append({"section": section, "error": message})
+        self.errors.append({"section": section, "error": redact_text(message)})
 
     def run(self, argv, timeout=None, cwd=None, env=None):
         """(returncode, stdout bytes, stderr text); the process group dies at the timeout."""
@@ -224,7 +196,7 @@ def _direct_url(raw):
         return None, False
     if not isinstance(info, dict):
         return None, False
-    url = strip_url_credentials(str(info.get("url", "")))
+    url = redact_text(str(info.get("url", "")))
     editable = bool((info.get("dir_info") or {}).get("editable", False))
     vcs = info.get("vcs_info")
     if isinstance(vcs, dict) and vcs.get("vcs"):
@@ -713,7 +685,7 @@ def collect_env(c):
     out = {}
     for name, value in os.environ.items():
         if name in wanted or name.startswith(ENV_PREFIXES):
-            out[name] = redact_env_value(name, value)
+            out[name] = redact_env(name, value)
     return _sorted(out)
 
 

@@ -1,0 +1,214 @@
+"""What counts as a secret, and how it is kept off disk: one implementation for both sides.
+
+Stdlib only, Python 3.8+ syntax: the snapshot collector ships this module to the target
+Python (see ``AGENT_REQUIRES`` in ``envbisect.collect.collector``), and the host imports it
+for everything it writes itself (diffs, session log, reports, JSON, trial logs).
+
+Two rules, by **name** and by **value shape**:
+
+- :func:`is_secret_name`: a variable (or a ``key=`` inside a value) whose name says it holds a
+  secret: TOKEN, SECRET, PASSWORD, CREDENTIAL(S), COOKIE, SESSION, PRIVATE, ``API_KEY``,
+  ``ACCESS_KEY``, ``AUTH`` (not AUTHOR), ``AWS_*``, and the words KEY, PAT, PWD, CREDS as whole
+  words of the name (``NCCL_IB_KEY``, ``GITHUB_PAT``, ``DB_PWD``; not ``PATH``, not ``PWD``
+  itself, not ``TOKENIZERS_PARALLELISM`` or ``MAX_TOKENS``).
+- :func:`find_secrets`: well-known token formats anywhere inside a value (GitHub, Hugging
+  Face, ``sk-`` API keys, AWS access key ids, Slack, JWTs, PEM private keys, bearer tokens),
+  credentials in any URL (``scheme://user:pass@``), and ``name=value`` / ``--name value``
+  pairs whose name is a secret name — also inside ``PATH``-like lists and option strings.
+
+The public functions:
+
+- :func:`redact_env` — the value to record for one environment variable:
+  the value itself, or ``{"redacted": <sha256[:8]>}`` (by name), or
+  ``{"redacted": ..., "reason": ..., "masked": ...}`` (by shape: ``reason`` says which shape,
+  ``masked`` is the value with each secret replaced by ``<redacted>`` when the rest is worth
+  reading).
+- :func:`redact_env_mapping` — the same for a whole environment (e.g. a trial's env diff).
+- :func:`redact_text` — free text with every secret-shaped span replaced by ``<redacted>``.
+- :func:`redact_tree` — :func:`redact_text` on every string of a JSON-like structure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+PLACEHOLDER = "<redacted>"
+
+# -- names ---------------------------------------------------------------------------------
+
+# Matched anywhere in the name: each of these is a secret whatever surrounds it.
+_SECRET_IN_NAME = re.compile(
+    r"SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|SESSION|PRIVATE|API_?KEY|ACCESS_?KEY"
+    r"|AUTH(?!OR(?!I))|^AWS_",
+    re.IGNORECASE,
+)
+# Matched as whole words of the name (split at ``_ - .`` and camelCase): short words that are
+# harmless inside longer ones (PATH, TOKENIZERS, KEYBOARD).
+_SECRET_WORDS = frozenset({"KEY", "KEYS", "PAT", "PWD", "CREDS", "CRED", "JWT"})
+# A word that is, or ends in, TOKEN (HFTOKEN, GH_TOKEN) -- but not TOKENS (a count).
+_TOKEN_WORD = re.compile(r"TOKEN$", re.IGNORECASE)
+# The shell's working directory variables are paths, not passwords.
+_NOT_SECRET = frozenset({"PWD", "OLDPWD"})
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+
+
+def is_secret_name(name: str) -> bool:
+    """True when ``name`` (an env var, or the key of a ``key=value`` pair) names a secret."""
+    if name.upper() in _NOT_SECRET:
+        return False
+    if _SECRET_IN_NAME.search(name):
+        return True
+    for word in _WORD_SPLIT.split(name):
+        upper = word.upper()
+        if upper in _SECRET_WORDS or _TOKEN_WORD.search(upper):
+            return True
+    return False
+
+
+# -- value shapes --------------------------------------------------------------------------
+
+# Each shape: (reason, pattern, replacement). Tokens are replaced by ``<redacted>``; URL
+# credentials are cut out (``https://u:p@host/x`` -> ``https://host/x``), as the URL is then
+# still the one to use.
+_SHAPES = (
+    (
+        "a PEM private key",
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----"
+        r"(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|.*)",
+        PLACEHOLDER,
+    ),
+    (
+        "a GitHub token",
+        r"(?:gh[pousr]_[A-Za-z0-9]{30,255}|github_pat_[A-Za-z0-9_]{20,255})",
+        PLACEHOLDER,
+    ),
+    ("a GitLab token", r"glpat-[A-Za-z0-9_\-]{20,}", PLACEHOLDER),
+    ("a Hugging Face token", r"hf_[A-Za-z0-9]{30,}", PLACEHOLDER),
+    # Not inside a word: "task-..." and "disk-..." are not keys.
+    ("an API key (sk-...)", r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_\-]{20,}", PLACEHOLDER),
+    ("a Google API key", r"AIza[0-9A-Za-z_\-]{35}", PLACEHOLDER),
+    (
+        "an AWS access key id",
+        r"(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|APKA|AROA|ASCA)[A-Z0-9]{16}",
+        PLACEHOLDER,
+    ),
+    ("a Slack token", r"xox[abposr]-[A-Za-z0-9\-]{10,}", PLACEHOLDER),
+    ("a JWT", r"eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*", PLACEHOLDER),
+    ("a bearer token", r"(?<=[Bb]earer )[A-Za-z0-9._~+/\-]{8,}=*", PLACEHOLDER),
+    # scheme://userinfo@ -- any userinfo (user:pass or a bare token) is a credential.
+    ("credentials in a URL", r"(?<=://)[^/@\s?#\"'<>\\]+@", ""),
+)
+_SHAPE_RE = re.compile(
+    "|".join(f"(?P<s{i}>{shape[1]})" for i, shape in enumerate(_SHAPES)), re.DOTALL
+)
+# name=value pairs (also --name=value) inside a value or a text, and --name value options:
+# the value is a secret when the name is. A value ends at whitespace, a list separator or a
+# quote; a ":" stays inside it (a password may hold one). The value is matched inside a
+# lookahead so that "a=1:token=x" still finds token=.
+_PAIR_RE = re.compile(
+    r"(?<![A-Za-z0-9_])(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]*="
+    r"(?=[ \t]*(?P<value>[^\s,;&\"'<>\\]+))"
+)
+_OPTION_RE = re.compile(
+    r"(?<!\S)--?(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)"
+    r"(?=[ \t]+(?P<value>[^\s\-\"'<>\\][^\s\"'<>\\]*))"
+)
+
+
+def _pair_reason(name: str, regex: re.Pattern[str]) -> str:
+    # The name goes into the reason only when it cannot itself be the secret.
+    if len(name) > 24 or _SHAPE_RE.search(name):
+        return "a value under a secret name"
+    return f"the value of {name}{'=' if regex is _PAIR_RE else ''} (a secret name)"
+
+
+def find_secrets(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, reason)`` of every secret-shaped span in ``text``, in order, disjoint."""
+    spans = []
+    for m in _SHAPE_RE.finditer(text):
+        spans.append((m.start(), m.end(), _SHAPES[int(str(m.lastgroup)[1:])][0]))
+    for regex in (_PAIR_RE, _OPTION_RE):
+        for m in regex.finditer(text):
+            name = m.group("name")
+            if is_secret_name(name):
+                spans.append((m.start("value"), m.end("value"), _pair_reason(name, regex)))
+    if len(spans) < 2:
+        return spans
+    spans.sort()
+    merged = [spans[0]]
+    for start, end, why in spans[1:]:
+        last = merged[-1]
+        if start < last[1]:
+            merged[-1] = (last[0], max(last[1], end), last[2])
+        else:
+            merged.append((start, end, why))
+    return merged
+
+
+_CUT = {shape[0] for shape in _SHAPES if shape[2] == ""}
+
+
+def _mask(text: str, spans: list[tuple[int, int, str]]) -> str:
+    out, pos = [], 0
+    for start, end, why in spans:
+        out.append(text[pos:start])
+        out.append("" if why in _CUT else PLACEHOLDER)
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every secret-shaped span (see :func:`find_secrets`) replaced."""
+    spans = find_secrets(text)
+    return _mask(text, spans) if spans else text
+
+
+def digest8(value: str) -> str:
+    """The sha256 prefix recorded for a redacted value: a diff can still say "changed"."""
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def redact_env(name: str, value: str) -> str | dict[str, str]:
+    """What to record for env var ``name``: ``value``, or a ``{redacted: ...}`` entry.
+
+    By name: ``{"redacted": <sha256[:8]>}``. By shape: also ``reason`` (which shapes were
+    found, so a false positive explains itself) and, unless the secret is the whole value,
+    ``masked`` (the value with each secret replaced by ``<redacted>``).
+    """
+    if is_secret_name(name):
+        return {"redacted": digest8(value)}
+    spans = find_secrets(value)
+    if not spans:
+        return value
+    reasons = []
+    for _start, _end, why in spans:
+        if why not in reasons:
+            reasons.append(why)
+    entry = {"redacted": digest8(value), "reason": "value holds " + ", ".join(reasons)}
+    masked = _mask(value, spans)
+    if masked.strip() != PLACEHOLDER:
+        entry["masked"] = masked
+    return entry
+
+
+def redact_env_mapping(env: dict[str, str | None]) -> dict[str, object]:
+    """:func:`redact_env` for every variable of ``env`` (``None``, "unset", stays ``None``)."""
+    return {k: (v if v is None else redact_env(k, v)) for k, v in env.items()}
+
+
+def is_redacted(value: object) -> bool:
+    """True for a ``{redacted: ...}`` entry as :func:`redact_env` makes it."""
+    return isinstance(value, dict) and "redacted" in value
+
+
+def redact_tree(obj: object) -> object:
+    """:func:`redact_text` applied to every string (keys too) of a JSON-like structure."""
+    if isinstance(obj, str):
+        return redact_text(obj)
+    if isinstance(obj, dict):
+        return {redact_tree(k): redact_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_tree(v) for v in obj]
+    return obj
