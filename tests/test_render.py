@@ -134,3 +134,9 @@ def test_cuda_wheels_fold_in_the_table_unless_the_section_is_asked(
     # The folded rows are still in every machine-readable format and in markdown's full list.
     assert "nvidia-nccl-cu13" in render(result, "json")
     assert "nvidia-nccl-cu13" in render(result, "markdown")
+
+
+def test_json_and_yaml_name_their_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = result_for("kinds", monkeypatch)
+    assert json.loads(render(result, "json"))["schema"] == "envbisect/diff@1"
+    assert yaml.safe_load(render(result, "yaml"))["schema"] == "envbisect/diff@1"

@@ -431,3 +431,253 @@ def test_trial_samples_come_from_one_process_endpoints_from_two(tmp_path: Path) 
     assert runs[trials[0]] == 2 and runs[trials[1]] == 2  # the endpoints: two processes
     assert all(runs[t] == 1 for t in trials[2:]), runs  # every other state: one process
     assert all(len(t["samples"]) >= 3 for t in doc["trials"])
+
+
+# -- trust: blobs found wherever the snapshot put them; unfaithful endpoints; sessions ----
+
+
+def _envbisect(cwd: Path, *argv: str, env: dict[str, str] | None = None) -> Any:
+    """``envbisect ARGV`` as a user types it: a real process in ``cwd``."""
+    return subprocess.run(
+        [sys.executable, "-m", "envbisect", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _loose_file_world(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A project dir with the workload and its knob.txt (listed under files:, kept as
+    blobs) and a config that records EB_OTHER too; returns (work dir, knob, target python)."""
+    from tests.helpers_run import WORKLOAD, make_venv
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(WORKLOAD)
+    knob = work / "knob.txt"
+    knob.write_text("1\n")
+    (work / "envbisect.yaml").write_text(
+        yaml.safe_dump({"files": [str(knob)], "keep_blobs": True, "env": ["EB_OTHER"]})
+    )
+    target = make_venv(tmp_path / "target", tmp_path / "no-wheels")
+    return work, knob, target / "bin" / "python"
+
+
+def test_snapshot_o_elsewhere_still_finds_the_file_culprit(tmp_path: Path) -> None:
+    """Found 1: `snapshot -o PATH` into another directory stored the content under
+    ./manifests/blobs while run looked next to PATH; the file was not realized, the good
+    endpoint ran with the bad file and the run blamed "outside the recorded software"."""
+    work, knob, python = _loose_file_world(tmp_path)
+    elsewhere = tmp_path / "keep" / "good.yaml"
+    snap = _envbisect(work, "snapshot", "-o", str(elsewhere), "--python", str(python))
+    assert snap.returncode == 0, snap.stderr
+    assert not (elsewhere.parent / "blobs").exists()  # the content went to ./manifests/blobs
+    knob.write_text("8\n")
+    res = _envbisect(
+        work,
+        "run",
+        "--good",
+        str(elsewhere),
+        "--python",
+        str(python),
+        "--json",
+        "-",
+        "--",
+        "python",
+        "train.py",
+        env={"EB_OTHER": "1"},
+    )
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout[res.stdout.index("{") :])
+    assert [c["unit"] for c in doc["culprits"]] == [f"files:{knob}"]
+    assert "not bisected" not in res.stderr
+    assert knob.read_text() == "8\n"
+
+
+def test_an_unrealizable_good_endpoint_is_never_reported_as_not_reproduced(
+    tmp_path: Path,
+) -> None:
+    """With the stored content gone, the good state cannot be built: the run says which
+    change stayed in its bad form instead of blaming what is outside the software."""
+    import shutil
+
+    work, knob, python = _loose_file_world(tmp_path)
+    good = tmp_path / "keep" / "good.yaml"
+    assert _envbisect(work, "snapshot", "-o", str(good), "--python", str(python)).returncode == 0
+    shutil.rmtree(work / "manifests" / "blobs")
+    knob.write_text("8\n")
+    res = _envbisect(
+        work,
+        "run",
+        "--good",
+        str(good),
+        "--python",
+        str(python),
+        "--json",
+        "-",
+        "--",
+        "python",
+        "train.py",
+        env={"EB_OTHER": "1"},
+    )
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout[res.stdout.index("{") :])
+    assert doc["outcome"] == "unfaithful"
+    assert "outside the recorded software" not in doc["message"]
+    assert f"files {knob}: no stored content" in doc["message"]
+    assert "the cause is probably among them" in doc["message"]
+
+
+def test_a_second_run_on_a_session_needs_resume_or_fresh(tmp_path: Path) -> None:
+    """Found 4: a run without --resume silently replaced an earlier session's history."""
+    sc = _env_culprit_scenario(tmp_path)
+    first, doc = _run_cli(sc)
+    assert first.return_value == 0, first.output
+    trials = len(doc["trials"])
+    again = _spawn(sc)
+    assert again.wait(timeout=120) == 2
+    err = (tmp_path / "run.err").read_text().strip().splitlines()[-1]
+    assert err == (
+        f"envbisect: error: {tmp_path / 'session'}: holds an earlier run's session "
+        f"({trials} trials, ended found); continue it with --resume or replace it with --fresh"
+    )
+    assert len(Session.existing(tmp_path / "session").trials()) == trials
+    resumed = _spawn(sc, "--resume")
+    assert resumed.wait(timeout=300) == 0, (tmp_path / "run.err").read_text()
+    assert len(Session.existing(tmp_path / "session").trials()) == trials  # all replayed
+    fresh = _spawn(sc, "--fresh")
+    assert fresh.wait(timeout=300) == 0, (tmp_path / "run.err").read_text()
+    assert Session.existing(tmp_path / "session").events()[0]["type"] == "start"
+    assert len(Session.existing(tmp_path / "session").trials()) == trials
+    both = _spawn(sc, "--fresh", "--resume")
+    assert both.wait(timeout=60) == 2
+
+
+# -- trust: every realized state is checked; trial logs say how a trial ran ----------------
+
+
+def test_a_planted_unfaithful_state_is_caught_before_it_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found 2, planted: a PYTHONPATH left in the user's shell shadows the state's venv with
+    the slow ebwork 3.0, so the "good" state would really run the bad package (and be
+    reported as "the good state is slow here too"). The realized-state check sees it."""
+    from tests.helpers_run import uv
+
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==3.0")
+    shadow = tmp_path / "shadow"
+    subprocess.run(
+        [
+            uv(),
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--offline",
+            "--no-index",
+            "--find-links",
+            str(sc.wheels),
+            "--target",
+            str(shadow),
+            "--python",
+            sc.python,
+            "ebwork==3.0",
+        ],
+        check=True,
+    )
+    sc.write(
+        good={"packages": {"ebwork": pkg("1.0")}, "env": {}},
+        bad={"packages": {"ebwork": pkg("3.0")}, "env": {"EB_OTHER": "1"}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    monkeypatch.setenv("PYTHONPATH", str(shadow))
+    res, doc = _run_cli(sc)
+    assert res.return_value == 1, res.output
+    assert doc["outcome"] == "unfaithful"
+    good = doc["trials"][0]
+    assert good["applied"] == [] and good["verdict"] == "unresolved" and good["samples"] == []
+    assert good["failure"] == (
+        "state not faithful: packages ebwork 3.0, expected 1.0 "
+        "(a copy outside the state's venv shadows it?)"
+    )
+    assert "outside the recorded software" not in doc["message"]
+    trial = json.loads((tmp_path / "session" / "trials" / "001" / "trial.json").read_text())
+    [call] = trial["calls"]
+    assert call["state_check"]["faithful"] is False
+    assert call["runs"] == []  # nothing was measured in a state that is not the state
+
+
+def test_trial_logs_say_how_each_run_ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = _env_culprit_scenario(tmp_path)
+    monkeypatch.setenv("EB_SECRET_TOKEN", "hunter2-not-in-any-log")
+    res, doc = _run_cli(sc)
+    assert res.return_value == 0, res.output
+    root = tmp_path / "session" / "trials"
+    bad_endpoint = doc["trials"][1]
+    trial = json.loads((root / f"{bad_endpoint['index']:03d}" / "trial.json").read_text())
+    call = trial["calls"][0]
+    assert call["state_check"]["faithful"] is True and call["state_check"]["checked"] >= 3
+    assert call["env_diff"]["set"]["EB_SLOW"] == "8"
+    assert "EB_SECRET_TOKEN" not in json.dumps(call["env_diff"])  # unchanged: not a diff
+    assert call["interpreter"].endswith("/bin/python") and call["cwd"] == str(Path.cwd())
+    run = call["runs"][0]
+    assert run["argv"] == ["python", str(sc.repo / "train.py")]
+    assert run["program"].endswith("/bin/python") and run["exit_status"] == 0
+    assert run["wall_s"] > 0 and run["tok_per_s"] == pytest.approx(bad_endpoint["samples"][0])
+    for t in doc["trials"]:
+        calls = json.loads((root / f"{t['index']:03d}" / "trial.json").read_text())["calls"]
+        assert sum(len(c["runs"]) for c in calls) == len(t["samples"])
+    assert "hunter2" not in "".join(p.read_text() for p in root.glob("*/trial.json"))
+
+
+NOISY = r"""
+import json, os
+# A state's speed: 1000 tok/s, or RATE; samples alternate +-25% (a counter per state),
+# so a state near the threshold needs more samples.
+rate = float(os.environ.get("RATE", "1000"))
+counter = os.path.join(os.environ["COUNTER_DIR"], "n-" + str(int(rate)))
+n = int(open(counter).read()) if os.path.exists(counter) else 0
+open(counter, "w").write(str(n + 1))
+print("ENVBISECT_RESULT " + json.dumps({"ok": True, "tok_per_s": rate * (1.25, 0.75)[n % 2]}))
+"""
+
+
+def test_log_shows_the_trials_run_showed_one_number_per_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found 3: `log` had one row per sample batch with its own verdicts, and run's
+    [log .../trials/NNN] numbers were those rows. Now a state is one trial everywhere."""
+    sc = Scenario(tmp_path)
+    sc.venv()
+    (tmp_path / "noisy.py").write_text(NOISY)
+    (tmp_path / "counters").mkdir()
+    sc.write(
+        good={"env": {}},
+        bad={"env": {"RATE": "600", "EB_OTHER": "1"}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    monkeypatch.setenv("COUNTER_DIR", str(tmp_path / "counters"))
+    res, doc = _run_cli(sc, "--until-ktoks", "0.8k", smoke=("python", str(tmp_path / "noisy.py")))
+    rows = doc["trials"]
+    assert any(len(r["samples"]) > 3 for r in rows)  # some state got more samples
+    dirs = sorted(p.name for p in (tmp_path / "session" / "trials").iterdir())
+    assert dirs == [f"{r['index']:03d}" for r in sorted(rows, key=lambda r: r["index"])]
+    for r in rows:
+        runs = sorted((tmp_path / "session" / "trials" / f"{r['index']:03d}").glob("run-*.stdout"))
+        assert len(runs) == len(r["samples"])
+    log = CliRunner().invoke(cli, ["log", "--session", str(tmp_path / "session")])
+    assert log.exit_code == 0
+    from envbisect.report import trial_table
+    from envbisect.runner import TrialRow
+
+    assert trial_table([TrialRow.from_dict(r) for r in rows]) in log.output
+    assert trial_table([TrialRow.from_dict(r) for r in rows]) in res.stdout
+    for line in res.stderr.splitlines():
+        if "[log " in line:
+            number = int(line.rsplit("/", 1)[1].rstrip("]"))
+            assert number in {r["index"] for r in rows}

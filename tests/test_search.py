@@ -592,3 +592,39 @@ def test_full_set_faster_than_good_is_not_reproduced_without_extra_samples() -> 
     assert result.outcome is SearchOutcome.NOT_REPRODUCED
     assert "does not reproduce: the full set of changes runs fast" in result.message
     assert [len(t.samples) for t in result.trials] == [3, 3]
+
+
+# -- states that could not be realized as asked --------------------------------------------
+
+
+def _planted(unfaithful: frozenset[str] | None) -> object:
+    """Fast unless unit "c" is applied; ``unfaithful`` (a state) comes back untestable."""
+
+    def test(state: State, n: int) -> Outcome:
+        if unfaithful is not None and state.applied == unfaithful:
+            return Outcome(failure="state not faithful: packages x 1.0 → 2.0", untestable=True)
+        return Outcome(samples=(100.0 if "c" in state.applied else 1000.0,) * n)
+
+    return test
+
+
+def test_an_unfaithful_state_is_unresolved_even_when_failures_count_as_bad() -> None:
+    plain = search(["a", "b", "c", "d"], _planted(None), threshold=500.0, on_failure="bad")
+    first_mid = plain.trials[2].state.applied
+    result = search(["a", "b", "c", "d"], _planted(first_mid), threshold=500.0, on_failure="bad")
+    assert result.outcome is SearchOutcome.FOUND and culprit_sets(result) == {frozenset({"c"})}
+    [planted] = [t for t in result.trials if t.state.applied == first_mid]
+    assert planted.verdict is Verdict.UNRESOLVED
+    assert planted.failure == "state not faithful: packages x 1.0 → 2.0"
+
+
+@pytest.mark.parametrize("endpoint", [frozenset(), frozenset({"a", "b", "c", "d"})])
+def test_an_unfaithful_endpoint_is_its_own_outcome(endpoint: frozenset[str]) -> None:
+    result = search(["a", "b", "c", "d"], _planted(endpoint), threshold=500.0)
+    assert result.outcome is SearchOutcome.UNFAITHFUL
+    side = "good" if not endpoint else "bad"
+    assert result.message == (
+        f"the {side} state could not be realized as recorded "
+        "(state not faithful: packages x 1.0 → 2.0)"
+    )
+    assert "outside the recorded software" not in result.message

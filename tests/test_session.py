@@ -63,7 +63,7 @@ def test_journal_restores_after_kill_9_of_the_swapping_process(tmp_path: Path) -
     assert f.read_text() == "FAST = False\n"
     session = Session.existing(session_dir)
     assert not session.finished()
-    with pytest.raises(SessionError, match="unfinished session"):
+    with pytest.raises(SessionError, match=r"\(0 trials, unfinished\); continue it with --resume"):
         Session.start(session_dir, {})
     report = session.reset()
     assert report.restored == (f,)

@@ -112,6 +112,9 @@ class Unit:
         }
 
 
+# The --format json/yaml document of ``diff``; bump the number when a field changes meaning.
+DIFF_SCHEMA = "envbisect/diff@1"
+
 # Unit sections, most regression-relevant first; unknown sections follow, then meta.
 SECTION_ORDER: tuple[str, ...] = (
     "torch-stack",
@@ -205,6 +208,7 @@ class DiffResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "schema": DIFF_SCHEMA,
             "good": _side(self.good),
             "bad": _side(self.bad),
             "identical": self.identical,

@@ -12,9 +12,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from envbisect.bisect.session import Session, TrialRecord
+from envbisect.bisect.session import Session
 from envbisect.metric import format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
+
+# The --json document of ``run``; bump the number when a field changes meaning.
+RUN_SCHEMA = "envbisect/run@1"
 
 
 def start_line(threshold: float | None) -> str:
@@ -41,7 +44,9 @@ def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
             _applied(r.applied),
             _samples(r.samples),
             format_ktok(r.median),
-            r.verdict + (f" ({r.failure})" if r.failure else ""),
+            r.verdict
+            + (f" ({r.failure})" if r.failure else "")
+            + (f" — outlier: {r.outlier}" if r.outlier else ""),
         ]
         for r in rows
     ]
@@ -104,6 +109,7 @@ def reproduce_command(result: RunResult) -> str:
 def as_json(result: RunResult) -> dict[str, Any]:
     """The ``--json`` document."""
     return {
+        "schema": RUN_SCHEMA,
         "outcome": result.outcome,
         "threshold_tok_per_s": result.threshold,
         "culprits": [
@@ -165,36 +171,44 @@ def render_markdown(result: RunResult) -> str:
     return "\n".join(lines)
 
 
+def session_rows(session: Session) -> list[TrialRow]:
+    """The trial rows of a session, as ``run`` showed them: the finished run's own table
+    when it ended, else the logged trials with the verdicts logged so far."""
+    end = session.end_event()
+    if end is not None and session.finished() and end.get("trials") is not None:
+        return [TrialRow.from_dict(t) for t in end["trials"]]
+    verdicts = session.verdicts()
+    rows = []
+    for r in session.trials():
+        v = verdicts.get(r.index, {})
+        applied = tuple(
+            f"{u}@{dict(r.positions)[u]}" if u in dict(r.positions) else u for u in r.applied
+        )
+        rows.append(
+            TrialRow(
+                index=r.index,
+                applied=applied,
+                samples=r.samples,
+                median=_median(r.samples),
+                verdict=str(v.get("verdict") or "-"),
+                failure=r.failure,
+                outlier=v.get("outlier"),
+            )
+        )
+    return rows
+
+
 def log_table(session: Session) -> str:
-    """``envbisect log``: the trials logged so far, and how the session ended."""
+    """``envbisect log``: the trials of the session, numbered and judged as ``run`` did."""
     header = session.header() or {}
-    records: list[TrialRecord] = session.trials()
     threshold = header.get("threshold")
-    body = []
-    for r in records:
-        med = _median(r.samples)
-        if r.failure:
-            verdict = f"failed ({r.failure})"
-        elif med is None or threshold is None:
-            verdict = "-"
-        else:
-            verdict = "good" if med >= float(threshold) else "bad"
-        body.append([r.index, _applied(r.applied), _samples(r.samples), format_ktok(med), verdict])
     lines = [
         f"session {session.root}",
         f"good {header.get('good')}  bad {header.get('bad') or '(fresh snapshot)'}",
     ]
     if threshold is not None:
         lines.append(start_line(float(threshold)))
-    lines += [
-        "",
-        tabulate(
-            body,
-            headers=["trial", "applied", "samples Ktok/s", "median", "verdict (vs threshold)"],
-            disable_numparse=True,
-        ),
-        "",
-    ]
+    lines += ["", trial_table(session_rows(session)), ""]
     end = session.end_event()
     if end is not None and session.finished():
         lines.append(f"ended: {end.get('outcome')}: {end.get('message') or ''}".rstrip(": "))

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,9 @@ from typing import Any
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.bisect.actuate import Actuator, Realized
+from envbisect.bisect.faithful import StateCheck, check_state, expected_facts
 from envbisect.bisect.session import Session, TrialRecord, state_key
+from envbisect.collect.collector import redact_env_value as redact_value
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
 from envbisect.metric import (
     RESULT_ENV,
@@ -88,11 +92,59 @@ def run_once(
     name: str,
     argv_map: Callable[[Sequence[str]], list[str]] | None = None,
     samples: int = 1,
+    record: Callable[[dict[str, Any]], None] | None = None,
 ) -> Measurement:
     """Run the smoke command once and read its throughput (never raises for a bad run).
 
     ``samples`` timed windows are asked of the one process (the built-in drafter through its
-    params, any other command through ``$ENVBISECT_SAMPLES``): one start, one warm-up."""
+    params, any other command through ``$ENVBISECT_SAMPLES``): one start, one warm-up.
+    ``record`` receives how the run went: argv, cwd, exit status, wall time, the reading.
+    """
+    started = time.monotonic()
+    ran: dict[str, Any] = {"name": name, "cwd": str(cwd) if cwd is not None else None}
+    try:
+        m = _run_once(
+            smoke,
+            transport=transport,
+            python=python,
+            env=env,
+            cwd=cwd,
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+            name=name,
+            argv_map=argv_map,
+            samples=samples,
+            ran=ran,
+        )
+    finally:
+        ran["wall_s"] = round(time.monotonic() - started, 3)
+    if record is not None:
+        record(
+            {
+                **ran,
+                "tok_per_s": m.tok_per_s,
+                "samples": list(m.samples),
+                "failure": m.failure,
+                "source": m.source,
+            }
+        )
+    return m
+
+
+def _run_once(
+    smoke: SmokeCommand,
+    *,
+    transport: Transport,
+    python: str,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    timeout_s: float,
+    log_dir: Path,
+    name: str,
+    argv_map: Callable[[Sequence[str]], list[str]] | None,
+    samples: int,
+    ran: dict[str, Any],
+) -> Measurement:
     log_dir.mkdir(parents=True, exist_ok=True)
     result_file = log_dir / f"{name}.result.json"
     if result_file.exists():
@@ -108,6 +160,7 @@ def run_once(
     if smoke.builtin:
         params = {"samples": samples, **dict(smoke.drafter_params)}
         bundle = build_bundle(DRAFTER, params, deadline_s=timeout_s)
+        ran["argv"] = [python, "-", f"(stdin: {DRAFTER} {params})"]
         res = via.run(
             [python, "-"],
             stdin=bundle.source,
@@ -117,6 +170,7 @@ def run_once(
             cwd=None if remote else cwd,
             name=name,
         )
+        ran.update(exit_status=res.returncode, timed_out=res.timed_out)
         frame = find_frame(res.stdout(), bundle.nonce)
         if frame is not None and "__agent_error__" in frame:
             return Measurement(None, f"crash: {frame['__agent_error__']}", "frame")
@@ -124,6 +178,10 @@ def run_once(
         argv = list(argv_map(smoke.argv) if argv_map else smoke.argv)
         if remote and cwd is not None:
             argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *argv]
+        ran["argv"] = list(argv)
+        if not remote:
+            # Which program a bare name like "python" resolved to under the state's PATH.
+            ran["program"] = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
         try:
             res = via.run(
                 argv,
@@ -136,6 +194,7 @@ def run_once(
         except TransportError as exc:
             # e.g. the state's PATH has no such program: this state cannot run the command.
             return Measurement(None, f"crash: {exc}", None)
+        ran.update(exit_status=res.returncode, timed_out=res.timed_out)
         frame = None
     return measure(
         stdout=res.stdout(),
@@ -240,6 +299,7 @@ class RunOptions:
     transport: Transport = field(default_factory=Transport)
     session_dir: Path = Path(".envbisect/session")
     resume: bool = False
+    fresh: bool = False
     repeats: int = 3
     max_samples: int = 9
     max_trials: int | None = None
@@ -259,6 +319,7 @@ class TrialRow:
     median: float | None
     verdict: str
     failure: str | None = None
+    outlier: str | None = None  # faster than good / slower than bad beyond the noise
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -268,7 +329,20 @@ class TrialRow:
             "median": None if self.median is None else round(self.median, 3),
             "verdict": self.verdict,
             "failure": self.failure,
+            "outlier": self.outlier,
         }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrialRow:
+        return cls(
+            index=int(d["index"]),
+            applied=tuple(d.get("applied") or ()),
+            samples=tuple(float(x) for x in d.get("samples") or ()),
+            median=d.get("median"),
+            verdict=str(d.get("verdict") or "-"),
+            failure=d.get("failure"),
+            outlier=d.get("outlier"),
+        )
 
 
 @dataclass(frozen=True)
@@ -297,7 +371,7 @@ class Culprit:
 class RunResult:
     """What a bisection found."""
 
-    outcome: str  # found | ambiguous | not-reproduced | aborted
+    outcome: str  # found | ambiguous | not-reproduced | unfaithful | aborted
     threshold: float | None
     culprits: tuple[Culprit, ...]
     trials: tuple[TrialRow, ...]
@@ -319,7 +393,12 @@ class RunResult:
 
 
 class _TrialRunner:
-    """The engine's test function: realize, run, log; replay logged trials on resume."""
+    """The engine's test function: realize, check, run, log; replay logged trials on resume.
+
+    One state is one trial: more samples of a state go into the same trial number and
+    directory (``run-4``, ``run-5``, ...), so ``run``, ``log``, the session directory and the
+    report count trials the same way.
+    """
 
     def __init__(
         self,
@@ -332,9 +411,11 @@ class _TrialRunner:
         self.session = session
         self.actuator = actuator
         self.progress = progress
-        self.replay: dict[str, list[TrialRecord]] = {}
+        self.replay: dict[str, TrialRecord] = {}
+        self.index_of: dict[str, int] = {}
         for rec in session.trials():
-            self.replay.setdefault(rec.key, []).append(rec)
+            self.replay[rec.key] = rec
+            self.index_of[rec.key] = rec.index
         self.records: list[TrialRecord] = []
         self.n_units = 0  # the endpoints' samples come from two processes (see _sample)
 
@@ -344,24 +425,52 @@ class _TrialRunner:
         applied = frozenset(state.applied)
         positions = dict(getattr(state, "positions", ()) or ())
         key = state_key(applied, positions.items())
-        logged = self.replay.get(key)
-        if logged:
-            rec = logged.pop(0)
-            self.records.append(rec)
-            self.progress(f"  replayed from the session log: {rec.log_dir}")
-            return Outcome(samples=rec.samples, failure=rec.failure)
-        index = self.session.next_trial_index()
+        logged = self.replay.pop(key, None)
+        if logged is not None:
+            self.records.append(logged)
+            self.progress(f"  replayed from the session log: {logged.log_dir}")
+            return Outcome(
+                samples=logged.samples, failure=logged.failure, untestable=logged.untestable
+            )
+        index = self.index_of.get(key)
+        if index is None:
+            index = self.index_of[key] = self.session.next_trial_index()
         trial_dir = self.session.trial_dir(index)
+        first_run = 1 + len(list(trial_dir.glob("run-*.stdout")))
         samples: list[float] = []
         failure: str | None = None
+        untestable = False
         notes: tuple[str, ...] = ()
+        runs: list[dict[str, Any]] = []
+        check: StateCheck | None = None
+        started = time.monotonic()
         with self.actuator.realize(applied, positions, trial_dir) as realized:
             notes = realized.notes
             if realized.failure is not None:
                 failure = realized.failure
             else:
+                check = self._check(realized, applied, positions, trial_dir)
+                if check.error is not None:
+                    notes = (*notes, check.summary())
+                elif not check.faithful:
+                    failure, untestable = check.summary(), True
+            if failure is None:
                 endpoint = not applied or len(applied) == self.n_units
-                failure = self._sample(realized, trial_dir, n, samples, endpoint)
+                failure = self._sample(
+                    realized, trial_dir, n, samples, endpoint, first_run, runs.append
+                )
+            _write_trial_log(
+                trial_dir,
+                index=index,
+                applied=sorted(applied),
+                positions=positions,
+                realized=realized,
+                transport=self.o.transport,
+                check=check,
+                runs=runs,
+                wall_s=time.monotonic() - started,
+                failure=failure,
+            )
         rec = TrialRecord(
             index=index,
             key=key,
@@ -371,35 +480,68 @@ class _TrialRunner:
             failure=failure,
             log_dir=str(trial_dir),
             notes=notes,
+            untestable=untestable,
         )
         self.session.append(rec.as_event())
         self.records.append(rec)
         shown = ", ".join(format_ktok(s) for s in samples) or "-"
         tail = f"; {failure}" if failure else ""
         self.progress(f"  {shown} Ktok/s{tail}  [log {trial_dir}]")
-        return Outcome(samples=tuple(samples), failure=failure)
+        return Outcome(samples=tuple(samples), failure=failure, untestable=untestable)
+
+    def _check(
+        self, realized: Realized, applied: frozenset[str], positions: Mapping[str, int], log: Path
+    ) -> StateCheck:
+        """Snapshot the realized state and compare it with good + the applied units."""
+        values = self.actuator.state_values(applied, positions)
+        where = {k: realized.map_argv([k])[0] for (_s, k) in values}
+        expected = expected_facts(self.actuator.good, self.actuator.bad, values, where)
+        remote = bool(self.o.transport.layers)
+        via = _far_transport(self.o.transport, realized.env) if remote else self.o.transport
+        return check_state(
+            transport=via,
+            python=realized.python,
+            env=None if remote else realized.env,
+            expected=expected,
+            log_dir=log,
+        )
 
     def _sample(
-        self, realized: Realized, trial_dir: Path, n: int, samples: list[float], endpoint: bool
+        self,
+        realized: Realized,
+        trial_dir: Path,
+        n: int,
+        samples: list[float],
+        endpoint: bool,
+        first_run: int,
+        record: Callable[[dict[str, Any]], None],
     ) -> str | None:
         """Fill ``samples`` up to ``n``: one process gives as many timed windows as asked (a
-        command that reports one figure gives one); returns the failure, if any.
+        command that reports one figure gives one); returns the failure, if any. Runs are
+        named on from ``first_run`` (more samples of a trial continue its numbering).
 
         Windows of one process vary less than processes do (on the H200 0.2% against a few
         percent), and the noise model is pooled from these samples: the endpoints, which
         set the noise and the default threshold, take theirs from two processes, so the
         between-process spread is in the estimate. Every other state costs one process."""
         per_run = -(-n // 2) if endpoint and n > 1 else n
-        k = 0
+        k = first_run - 1
         while len(samples) < n:
             k += 1
-            m = self._run(realized, trial_dir, f"run-{k}", min(per_run, n - len(samples)))
+            m = self._run(realized, trial_dir, f"run-{k}", min(per_run, n - len(samples)), record)
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
         return None
 
-    def _run(self, realized: Realized, trial_dir: Path, name: str, samples: int) -> Measurement:
+    def _run(
+        self,
+        realized: Realized,
+        trial_dir: Path,
+        name: str,
+        samples: int,
+        record: Callable[[dict[str, Any]], None],
+    ) -> Measurement:
         return run_once(
             self.o.smoke,
             transport=self.o.transport,
@@ -411,7 +553,63 @@ class _TrialRunner:
             name=name,
             argv_map=realized.map_argv,
             samples=samples,
+            record=record,
         )
+
+
+TRIAL_LOG = "trial.json"
+
+
+def env_diff(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """How ``env`` differs from ``base`` (default: this process's environment, i.e. the
+    user's): variables set or changed, and unset; values redacted as in manifests."""
+    base = os.environ if base is None else base
+    return {
+        "set": {k: redact_value(k, v) for k, v in sorted(env.items()) if base.get(k) != v},
+        "unset": sorted(k for k in base if k not in env),
+    }
+
+
+def _write_trial_log(
+    trial_dir: Path,
+    *,
+    index: int,
+    applied: list[str],
+    positions: Mapping[str, int],
+    realized: Realized,
+    transport: Transport,
+    check: StateCheck | None,
+    runs: list[dict[str, Any]],
+    wall_s: float,
+    failure: str | None,
+) -> None:
+    """``trials/NNN/trial.json``: how the trial ran, one entry per call (more samples of the
+    same state add a call), so an odd number can be traced to its argv, cwd, interpreter and
+    environment."""
+    import json
+
+    path = trial_dir / TRIAL_LOG
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = {"trial": index, "applied": applied, "positions": dict(positions), "calls": []}
+    python = realized.python
+    doc["calls"].append(
+        {
+            "interpreter": python,
+            "interpreter_resolved": os.path.realpath(python) if not transport.layers else None,
+            "venv": str(realized.venv) if realized.venv else None,
+            "cwd": str(realized.cwd) if realized.cwd else None,
+            "via": [layer.describe() for layer in transport.layers],
+            "env_diff": env_diff(realized.env),
+            "state_check": check.as_dict() if check is not None else None,
+            "build_failure": realized.failure,
+            "runs": runs,
+            "wall_s": round(wall_s, 3),
+            "failure": failure,
+        }
+    )
+    mf.atomic_write_text(path, json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def load_states(
@@ -457,7 +655,9 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     mf.load(options.good)
     if options.bad is not None:
         mf.load(options.bad)
-    session = Session.resume(root) if options.resume else Session.start(root, header)
+    session = (
+        Session.resume(root) if options.resume else Session.start(root, header, fresh=options.fresh)
+    )
     try:
         good, bad, bad_path = load_states(options, session.root, progress)
     except BaseException as exc:
@@ -477,6 +677,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         extra_index_urls=tuple(getattr(config, "extra_index_urls", ()) or ()),
         find_links=tuple(getattr(config, "find_links", ()) or ()),
         data_map=dict(getattr(config, "data_map", {}) or {}),
+        blob_dirs=(config.blobs_dir,) if config is not None else (),
         cwd=options.cwd,
     )
     restore = actuator.restore
@@ -508,7 +709,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             max_trials=options.max_trials,
             ordered={u: ordered[u] for u in units if u in ordered},
             on_failure=options.on_crash,
-            progress=lambda ev: progress(_event_text(ev)),
+            progress=_Progress(progress, session, tester),
         )
         if result.interrupted:
             raise KeyboardInterrupt
@@ -530,7 +731,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         session.journal.restore()
         _quietly(actuator.restore)
         atexit.unregister(_quietly)
-    out = _result(result, context)
+    out = _result(result, context, tester.index_of)
     session.append(
         {
             "type": "end",
@@ -598,24 +799,141 @@ class _RunContext:
 
 def _nothing_to_bisect(context: _RunContext, actuator: Actuator) -> RunResult:
     session = context.session
-    why = "the manifests are identical" if not context.diff.units else "no change can be realized"
-    session.append({"type": "end", "outcome": "not-reproduced", "culprits": [], "message": why})
+    outcome = "not-reproduced"
+    if not context.diff.units:
+        why = "the manifests are identical"
+    elif context.blocked:
+        # The good state cannot be built at all: nothing about the cause is known.
+        outcome = "unfaithful"
+        why = "the good state cannot be realized: " + "; ".join(
+            context.blocked[u] for u in sorted(context.blocked)
+        )
+    else:
+        why = "no change can be realized"
+    session.append({"type": "end", "outcome": outcome, "culprits": [], "message": why})
     actuator.close()
     session.unlock()
     return context.result(
-        outcome="not-reproduced",
+        outcome=outcome,
         threshold=context.options.threshold,
         message=f"nothing to bisect: {why}",
     )
 
 
-def _event_text(event: Any) -> str:
-    left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
-    return f"{event.message}{left}"
+def _unfaithful_good(
+    outcome: str, message: str, result: Any, blocked: Mapping[str, str]
+) -> tuple[str, str]:
+    """A good endpoint that is not clearly fast while changes that could not be realized
+    stayed in their bad form is no evidence that "the cause is outside the recorded
+    software" or that the regression "does not reproduce": the cause may be exactly one of
+    those changes. Say so instead of "not reproduced". (A bad endpoint that runs fast is a
+    real answer: it is the bad state as it is.)"""
+    if outcome != "not-reproduced" or not blocked or not result.trials:
+        return outcome, message
+    ends = {t.state.applied: t for t in result.trials[:2]}
+    good = ends.get(frozenset())
+    bad = next((t for a, t in ends.items() if a), None)
+    if good is None or good.verdict.value == "good" or (bad and bad.verdict.value == "good"):
+        return outcome, message
+    reasons = "; ".join(blocked[u] for u in sorted(blocked))
+    return "unfaithful", (
+        "the good state could not be realized faithfully: these changes stayed as in the "
+        f"bad state ({reasons}); with them in place it did not run clearly faster than the "
+        "bad state, so the cause is probably among them — make them realizable and run again"
+    )
 
 
-def _result(result: Any, context: _RunContext) -> RunResult:
-    outcome = result.outcome.value
+def outlier(
+    samples: Sequence[float],
+    good: Sequence[float],
+    bad: Sequence[float],
+    sigma: float,
+) -> str | None:
+    """Why a state's speed is itself a finding, or None: faster than the good endpoint or
+    slower than the bad one by more than the noise (z = 3 on the medians' difference, at
+    least 5%). Nothing in between the endpoints explains such a state: look at its log."""
+    from envbisect.bisect.verdict import Noise, median
+
+    if not samples or not good:
+        return None
+    noise = Noise(sigma=sigma, dof=1)
+    m = median(samples)
+
+    def beyond(ref: Sequence[float]) -> float:
+        se = math.hypot(noise.median_se(len(samples)), noise.median_se(len(ref)))
+        return max(0.05, 3 * se)
+
+    g = median(good)
+    if math.log(m) - math.log(g) > beyond(good):
+        return f"{m / g:.2f}× faster than the good state"
+    if bad:
+        b = median(bad)
+        if b > 0 and math.log(b) - math.log(m) > beyond(bad):
+            return f"{b / m:.2f}× slower than the bad state"
+    return None
+
+
+class _Progress:
+    """The engine's progress events as lines, numbered as the session numbers trials; every
+    verdict is logged (``envbisect log`` prints what ``run`` printed) and outliers flagged."""
+
+    def __init__(self, out: Progress, session: Session, tester: _TrialRunner) -> None:
+        self.out = out
+        self.session = session
+        self.tester = tester
+        self.samples: dict[frozenset[str], tuple[float, ...]] = {}
+        self.all: frozenset[str] | None = None
+        self.groups: dict[int, tuple[float, ...]] = {}
+
+    def number(self, trial: Any) -> int:
+        key = state_key(trial.state.applied, trial.state.positions)
+        return self.tester.index_of.get(key, trial.index)
+
+    def __call__(self, event: Any) -> None:
+        from envbisect.bisect.search import EventKind
+        from envbisect.bisect.verdict import Noise
+
+        message = event.message
+        trial = event.trial
+        flag = None
+        if trial is not None:
+            number = self.number(trial)
+            prefix = f"trial {trial.index}"
+            if message.startswith(prefix):
+                message = f"trial {number}" + message[len(prefix) :]
+            if event.kind is EventKind.TRIAL_FINISHED:
+                if trial.index == 2 and not trial.state.positions:
+                    self.all = trial.state.applied
+                if not trial.failure:
+                    self.groups[number] = tuple(trial.samples)
+                if not trial.state.positions:
+                    self.samples[trial.state.applied] = tuple(trial.samples)
+                endpoint = not trial.state.applied or trial.state.applied == self.all
+                if not endpoint and not trial.failure:
+                    sigma = Noise.from_groups(self.groups.values()).sigma
+                    bad = self.samples.get(self.all) if self.all is not None else None
+                    flag = outlier(
+                        trial.samples, self.samples.get(frozenset(), ()), bad or (), sigma
+                    )
+                if flag:
+                    message += f" — outlier: {flag}; see its trial.json"
+                self.session.append(
+                    {
+                        "type": "verdict",
+                        "index": number,
+                        "verdict": trial.verdict.value,
+                        "median": trial.median,
+                        "outlier": flag,
+                    }
+                )
+        left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
+        self.out(f"{message}{left}")
+
+
+def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> RunResult:
+    outcome, message = _unfaithful_good(
+        result.outcome.value, str(getattr(result, "message", "") or ""), result, context.blocked
+    )
     notes = context.notes
     units = {u.id: u for u in context.diff.units}
     culprits: list[Culprit] = []
@@ -639,9 +957,19 @@ def _result(result: Any, context: _RunContext) -> RunResult:
                     together_with=tuple(u for u in c.units if u != unit_id),
                 )
             )
+    good_t = next((t for t in result.trials if not t.state.applied), None)
+    full_t = result.trials[1] if len(result.trials) > 1 else None
+    sigma = result.noise or 0.03
+
+    def flag(t: Any) -> str | None:
+        if t.failure or t is good_t or t is full_t or good_t is None:
+            return None
+        bad_samples = full_t.samples if full_t is not None and not full_t.failure else ()
+        return outlier(t.samples, good_t.samples, bad_samples, sigma)
+
     rows = tuple(
         TrialRow(
-            index=t.index,
+            index=numbers.get(state_key(t.state.applied, t.state.positions), t.index),
             applied=tuple(
                 f"{u}@{dict(t.state.positions)[u]}" if u in dict(t.state.positions) else u
                 for u in sorted(t.state.applied)
@@ -650,6 +978,7 @@ def _result(result: Any, context: _RunContext) -> RunResult:
             median=t.median,
             verdict=t.verdict.value,
             failure=t.failure,
+            outlier=flag(t),
         )
         for t in result.trials
     )
@@ -662,7 +991,7 @@ def _result(result: Any, context: _RunContext) -> RunResult:
     return context.result(
         outcome=outcome,
         threshold=result.threshold,
-        message=str(getattr(result, "message", "") or ""),
+        message=message,
         culprits=tuple(culprits),
         trials=rows,
         notes=notes,
@@ -694,6 +1023,8 @@ def validate_options(options: RunOptions) -> None:
         raise UsageError("--on-crash must be 'bad' or 'skip'")
     if options.timeout_s <= 0:
         raise UsageError("--timeout must be positive")
+    if options.resume and options.fresh:
+        raise UsageError("--resume and --fresh exclude each other: continue or replace")
 
 
 def _findable(program: str, options: RunOptions) -> bool:

@@ -407,6 +407,8 @@ def op_realize(params):
             if os.path.lexists(target):
                 swap(root, target, None)
             continue
+        if item.get("content") is None:
+            return {"failure": f"build: no content for {target}", "notes": []}
         swap(root, target, base64.b64decode(item["content"]))
     notes = []
     for item in params.get("caches") or ():

@@ -22,9 +22,11 @@ git
     repo are rewritten. Uncommitted changes of the recorded state are *not* reproduced unless
     their files are listed under ``files:`` (said in the notes).
 files
-    Content from ``blobs/<sha256>`` next to the manifest. Inside a repo that has a worktree
-    this trial, written there; otherwise swapped in place after journaling the original
-    (see ``session.FileJournal``), and restored after every trial.
+    Content from ``<blobs>/<sha256>``: the folder the snapshot recorded (``meta.blobs_dir``),
+    else ``blobs/`` beside the manifest or one level up, else the run's ``manifests_dir``.
+    Inside a repo that has a worktree this trial, written there; otherwise swapped in place
+    after journaling the original (see ``session.FileJournal``), and restored after every
+    trial.
 env
     The per-trial environment: each env unit's variable set to the state's value, or unset.
     Redacted values cannot be realized: such a unit is not bisectable.
@@ -86,6 +88,19 @@ CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"
 READY = ".envbisect-ready"
 FAILED = ".envbisect-failed"
 AGENT = "envbisect.agent.actuate_remote"
+
+
+def blob_dirs(manifest: Manifest, extra: Sequence[Path] = ()) -> list[Path]:
+    """Where the stored contents of ``manifest``'s files may be, first match wins."""
+    out: list[Path] = []
+    recorded = manifest.section("meta").get("blobs_dir")
+    if isinstance(recorded, str) and recorded:
+        out.append(Path(recorded))
+    if manifest.path is not None:
+        here = manifest.path.absolute().parent
+        out += [here / "blobs", here.parent / "blobs", here / "manifests" / "blobs"]
+    out += [Path(p) for p in extra]
+    return list(dict.fromkeys(out))
 
 
 def normalize(name: str) -> str:
@@ -165,6 +180,7 @@ class Actuator:
     extra_index_urls: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
     data_map: Mapping[str, str] = field(default_factory=dict)
+    blob_dirs: tuple[Path, ...] = ()  # more places to look for stored file contents
     base_env: Mapping[str, str] | None = None
     cwd: Path | None = None
     uv: str | None = None
@@ -217,11 +233,12 @@ class Actuator:
                     if value is None or self._sha_of(key) == value.get("sha256"):
                         continue
                     if self._blob(manifest, value) is None:
+                        where = ", ".join(str(d) for d in blob_dirs(manifest, self.blob_dirs))
                         return (
                             f"files {key}: no stored content for sha256 "
-                            f"{str(value.get('sha256'))[:12]} next to "
-                            f"{manifest.path or 'the manifest'}"
-                            " (snapshot with keep_blobs: true)"
+                            f"{str(value.get('sha256'))[:12]} of "
+                            f"{manifest.path or 'the manifest'} (looked in "
+                            f"{where or 'no blob folder'}; snapshot with keep_blobs: true)"
                         )
             elif section == "git":
                 for value in (old, new):
@@ -438,6 +455,13 @@ class Actuator:
                 values[(change.section, key)] = (source, value)
         return values
 
+    def state_values(
+        self, applied: frozenset[str], positions: Mapping[str, int]
+    ) -> dict[tuple[str, str], tuple[Manifest, Any]]:
+        """(section, key) → (source manifest, value) of every actionable change in a state:
+        what ``realize`` makes real, and what ``bisect.faithful`` checks it against."""
+        return self._values(applied, positions)
+
     def _blocked_ids(self) -> frozenset[str]:
         if self._blocked is None:
             self._blocked = frozenset(self.blockers())
@@ -552,16 +576,19 @@ class Actuator:
                     break
             want = None if value is None else value.get("sha256")
             if remote:
-                if want is not None and target == Path(key) and self._sha_of(key) == want:
-                    continue  # the target already has it (as of the start of the run)
+                # Always sent: the agent first puts back any swap a killed run left there
+                # and compares again, so what the target had at the start of the run (the
+                # inspect facts) says nothing about what it has now. Content travels when
+                # known; without it the agent fails unless the file already is as wanted.
                 item: dict[str, Any] = {"path": str(target), "sha256": want}
                 if want is not None:
                     blob = self._blob(source, value)
-                    if blob is None:
+                    if blob is None and not (target == Path(key) and self._sha_of(key) == want):
                         return Realized(
                             python=python, env=env, failure=f"build: no content for {key}"
                         )
-                    item["content"] = base64.b64encode(blob.read_bytes()).decode("ascii")
+                    if blob is not None:
+                        item["content"] = base64.b64encode(blob.read_bytes()).decode("ascii")
                 ops["swaps"].append(item)
                 continue
             if self._current_sha(target) == want and want is not None:
@@ -821,14 +848,16 @@ class Actuator:
 
     # -- files -------------------------------------------------------------------------
 
-    @staticmethod
-    def _blob(manifest: Manifest, value: Mapping[str, Any]) -> Path | None:
+    def _blob(self, manifest: Manifest, value: Mapping[str, Any]) -> Path | None:
+        """The stored content of a files entry: under the blob dir the snapshot recorded
+        (``meta.blobs_dir``), beside the manifest, one level up (``manifests/blobs`` next to
+        a manifest in a subfolder) or in this run's ``manifests_dir``; checked by sha256."""
         sha = value.get("blob") or value.get("sha256")
-        if not sha or manifest.path is None:
+        if not sha:
             return None
-        for base in (manifest.path.parent, manifest.path.parent.parent):
-            blob = base / "blobs" / str(sha)
-            if blob.is_file():
+        for base in blob_dirs(manifest, self.blob_dirs):
+            blob = base / str(sha)
+            if blob.is_file() and self._current_sha(blob) == str(value.get("sha256") or sha):
                 return blob
         return None
 

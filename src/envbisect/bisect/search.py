@@ -130,6 +130,9 @@ class Outcome:
 
     samples: tuple[float, ...] = ()
     failure: str | None = None
+    # The state could not be realized as asked (e.g. "state not faithful: ..."): whatever
+    # ``on_failure`` says, it is unresolved, never counted as good or bad.
+    untestable: bool = False
 
 
 TestFn = Callable[[State, int], Outcome]
@@ -139,6 +142,7 @@ class SearchOutcome(str, Enum):
     FOUND = "found"
     AMBIGUOUS = "ambiguous"
     NOT_REPRODUCED = "not-reproduced"
+    UNFAITHFUL = "unfaithful"  # an endpoint could not be realized as recorded
     ABORTED = "aborted"
 
 
@@ -302,6 +306,7 @@ class _Record:
     samples: list[float] = field(default_factory=list)
     failure: str | None = None
     verdict: Verdict = Verdict.UNRESOLVED
+    untestable: bool = False
 
     def freeze(self) -> Trial:
         return Trial(
@@ -366,6 +371,7 @@ class _Engine:
         # What is known so far, for an aborted search.
         self.candidates: frozenset[str] = self.all
         self.culprits: list[Culprit] = []
+        self.unfaithful = False  # an endpoint could not be realized as recorded
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -388,6 +394,8 @@ class _Engine:
             raise TypeError(f"test function returned {type(out).__name__}, not Outcome")
         good = [float(x) for x in out.samples if math.isfinite(float(x))]
         rec.samples.extend(good)
+        if out.untestable:
+            rec.untestable = True
         if out.failure:
             rec.failure = out.failure
         elif not good:
@@ -424,6 +432,8 @@ class _Engine:
         return fast, slow
 
     def _decide(self, rec: _Record) -> Verdict:
+        if rec.untestable:
+            return Verdict.UNRESOLVED
         if rec.failure:
             return Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
         return self._judge().verdict(rec.samples)
@@ -486,6 +496,16 @@ class _Engine:
         self._emit(EventKind.PHASE, "measuring the endpoints")
         good = self._start(State.of(()), "endpoint: good", n0)
         bad = self._start(State.of(self.all), "endpoint: bad", n0)
+        unfaithful = [(name, r) for name, r in (("good", good), ("bad", bad)) if r.untestable]
+        if unfaithful:
+            for r in (good, bad):
+                r.verdict = self._decide(r) if r.failure or r.untestable else Verdict.UNRESOLVED
+                self._finish_endpoint(r)
+            self.unfaithful = True
+            return "; ".join(
+                f"the {name} state could not be realized as recorded ({r.failure})"
+                for name, r in unfaithful
+            )
         if good.failure:
             good.verdict = Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
             self._finish_endpoint(good)
@@ -755,7 +775,8 @@ class _Engine:
     def run(self) -> SearchResult:
         why = self.endpoints()
         if why is not None:
-            return self._result(SearchOutcome.NOT_REPRODUCED, why, candidates=())
+            outcome = SearchOutcome.UNFAITHFUL if self.unfaithful else SearchOutcome.NOT_REPRODUCED
+            return self._result(outcome, why, candidates=())
         bad = self.all
         restored: Evidence | None = None
         notes: list[str] = []

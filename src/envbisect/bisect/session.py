@@ -84,6 +84,7 @@ class TrialRecord:
     failure: str | None
     log_dir: str
     notes: tuple[str, ...] = ()
+    untestable: bool = False  # not realized as asked (e.g. "state not faithful: ...")
 
     @classmethod
     def from_event(cls, ev: dict[str, Any]) -> TrialRecord:
@@ -96,6 +97,19 @@ class TrialRecord:
             failure=ev.get("failure"),
             log_dir=str(ev.get("log_dir") or ""),
             notes=tuple(ev.get("notes") or ()),
+            untestable=bool(ev.get("untestable")),
+        )
+
+    def merged(self, more: TrialRecord) -> TrialRecord:
+        """This trial with a later batch of samples of the same state appended."""
+        from dataclasses import replace
+
+        return replace(
+            self,
+            samples=self.samples + more.samples,
+            failure=more.failure or self.failure,
+            notes=tuple(dict.fromkeys(self.notes + more.notes)),
+            untestable=self.untestable or more.untestable,
         )
 
     def as_event(self) -> dict[str, Any]:
@@ -109,6 +123,7 @@ class TrialRecord:
             "failure": self.failure,
             "log_dir": self.log_dir,
             "notes": list(self.notes),
+            "untestable": self.untestable,
         }
 
 
@@ -244,15 +259,25 @@ class Session:
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, header: dict[str, Any]) -> Session:
-        """A fresh session at ``root``; an old finished one there is cleaned up first."""
+    def start(cls, root: Path, header: dict[str, Any], *, fresh: bool = False) -> Session:
+        """A new session at ``root``. An earlier session there is kept unless ``fresh``
+        (its history is the only record of what was measured): continue it with --resume
+        or replace it with --fresh. ``fresh`` restores and removes it first."""
         session = cls(root)
         if session.log_path.exists():
-            if not session.finished():
-                raise SessionError(
-                    f"{session.root}: an unfinished session is there; "
-                    "continue it with --resume or clean it up with 'envbisect reset'"
+            if not fresh:
+                n = len(session.trials())
+                end = session.end_event()
+                how = (
+                    f"ended {end.get('outcome')}"
+                    if end is not None and session.finished()
+                    else "unfinished"
                 )
+                raise SessionError(
+                    f"{session.root}: holds an earlier run's session ({n} trials, {how}); "
+                    "continue it with --resume or replace it with --fresh"
+                )
+            session.lock()  # a live owner is an error; a dead one's swaps are put back
             session.reset()
             shutil.rmtree(session.root)
             session = cls(root)
@@ -322,7 +347,24 @@ class Session:
         return last in ("end", "reset")
 
     def trials(self) -> list[TrialRecord]:
-        return [TrialRecord.from_event(e) for e in self.events() if e.get("type") == "trial"]
+        """One record per trial number: a state's later sample batches (logged as further
+        ``trial`` events with the same index) are merged into it."""
+        out: dict[int, TrialRecord] = {}
+        for e in self.events():
+            if e.get("type") != "trial":
+                continue
+            rec = TrialRecord.from_event(e)
+            out[rec.index] = out[rec.index].merged(rec) if rec.index in out else rec
+        return [out[i] for i in sorted(out)]
+
+    def verdicts(self) -> dict[int, dict[str, Any]]:
+        """trial number → the last ``verdict`` event the run logged for it (what ``run``
+        printed: verdict, median, outlier)."""
+        out: dict[int, dict[str, Any]] = {}
+        for e in self.events():
+            if e.get("type") == "verdict" and "index" in e:
+                out[int(e["index"])] = e
+        return out
 
     def end_event(self) -> dict[str, Any] | None:
         ends = [e for e in self.events() if e.get("type") == "end"]

@@ -84,7 +84,7 @@ def take_snapshot(
     blobs = result.get("blobs") or {}
     if blobs:
         errors.extend(store_blobs(blobs, config.blobs_dir))
-    meta = {
+    meta: dict[str, Any] = {
         "agent_elapsed_s": result.get("elapsed_s"),
         "label": label or config.label or DEFAULT_LABEL,
         "created": created.isoformat().replace("+00:00", "Z"),
@@ -94,6 +94,9 @@ def take_snapshot(
         "elapsed_s": round(time.monotonic() - started, 3),
         "errors": errors,
     }
+    if blobs:
+        # Where the contents went, so a manifest written anywhere (-o PATH) finds them.
+        meta["blobs_dir"] = str(config.blobs_dir.absolute())
     return Manifest(sections={"meta": dict(sorted(meta.items())), **sections})
 
 

@@ -823,27 +823,43 @@ def main(params):
 
     # Sections that wait on external commands (nvidia-smi can take seconds) run beside the
     # in-process ones; each command still has its own timeout.
+    # "only": the sections a state check needs (run verifies every realized state this
+    # way, so it must not wait on nvidia-smi or a compiler); default: all of them.
+    only = set(params.get("only") or ()) or None
+
+    def wanted(name):
+        return only is None or name in only
+
     background = [
-        threading.Thread(target=guarded, args=("gpu", collect_gpu), daemon=True),
-        threading.Thread(target=guarded, args=("git", collect_git), daemon=True),
-        threading.Thread(target=guarded, args=("compiler", _compiler_version), daemon=True),
+        threading.Thread(target=guarded, args=(name, fn), daemon=True)
+        for name, fn in (
+            ("gpu", collect_gpu),
+            ("git", collect_git),
+            ("compiler", _compiler_version),
+        )
+        if wanted("system" if name == "compiler" else name)
     ]
     for thread in background:
         thread.start()
-    guarded("system", collect_system)
-    guarded("python", collect_python)
-    guarded("packages", collect_packages)
-    guarded("torch", collect_torch, sections.get("packages") or {})
-    guarded("files", collect_files, blobs)
-    guarded("data", collect_data)
-    guarded("caches", collect_caches)
-    guarded("env", collect_env)
+    for name, fn, args in (
+        ("system", collect_system, ()),
+        ("python", collect_python, ()),
+        ("packages", collect_packages, ()),
+        ("torch", collect_torch, None),
+        ("files", collect_files, (blobs,)),
+        ("data", collect_data, ()),
+        ("caches", collect_caches, ()),
+        ("env", collect_env, ()),
+    ):
+        if wanted(name):
+            guarded(name, fn, *(args if args is not None else (sections.get("packages") or {},)))
     for thread in background:
         thread.join()
-    compiler = sections.pop("compiler", None)
-    sections["system"]["compiler"] = compiler if isinstance(compiler, str) else None
-    sections["system"] = _sorted(sections["system"])
-    if params.get("probes"):
+    if "system" in sections:
+        compiler = sections.pop("compiler", None)
+        sections["system"]["compiler"] = compiler if isinstance(compiler, str) else None
+        sections["system"] = _sorted(sections["system"])
+    if params.get("probes") and wanted("probes"):
         guarded("probes", collect_probes)
     return {
         "sections": sections,

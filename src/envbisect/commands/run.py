@@ -53,7 +53,10 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     help="A crash/timeout/OOM counts as slow (bad) or cannot-test (skip).",
 )
 @session_option
-@click.option("--resume", is_flag=True, help="Continue the session after an interruption.")
+@click.option(
+    "--resume", is_flag=True, help="Continue the session (after an interruption, or to add trials)."
+)
+@click.option("--fresh", is_flag=True, help="Replace an earlier session's history with a new run.")
 @click.option("--json", "json_path", metavar="PATH", help="Write the result as JSON ('-': stdout).")
 @click.option("--report", "report_path", metavar="PATH", help="Write a markdown report.")
 @metric_regex_option
@@ -70,6 +73,7 @@ def command(
     on_crash: str,
     session_dir: str | None,
     resume: bool,
+    fresh: bool,
     json_path: str | None,
     report_path: str | None,
     metric_regex: str | None,
@@ -112,6 +116,7 @@ def command(
         transport=transport,
         session_dir=session_root(config, session_dir),
         resume=resume,
+        fresh=fresh,
         repeats=repeats,
         max_samples=max(9, repeats),
         max_trials=max_trials,
