@@ -681,3 +681,16 @@ def test_log_shows_the_trials_run_showed_one_number_per_state(
         if "[log " in line:
             number = int(line.rsplit("/", 1)[1].rstrip("]"))
             assert number in {r["index"] for r in rows}
+
+
+def test_env_diffs_in_trial_logs_are_redacted_by_name_and_by_value() -> None:
+    from envbisect.runner import env_diff
+
+    diff = env_diff(
+        {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz123456", "NOTE": "ghp_" + "a" * 36, "X": "1"},
+        base={"X": "1", "GONE": "y"},
+    )
+    assert diff["unset"] == ["GONE"]
+    assert set(diff["set"]) == {"HF_TOKEN", "NOTE"}
+    assert all(isinstance(v, dict) and "redacted" in v for v in diff["set"].values())
+    assert "ghp_" not in str(diff) and "hf_abc" not in str(diff)

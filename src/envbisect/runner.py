@@ -32,10 +32,11 @@ from typing import Any
 
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
+from envbisect.agent.redact import redact_env as redact_value
+from envbisect.agent.redact import redact_tree
 from envbisect.bisect.actuate import Actuator, Realized
 from envbisect.bisect.faithful import StateCheck, check_state, expected_facts
 from envbisect.bisect.session import Session, TrialRecord, state_key
-from envbisect.collect.collector import redact_env_value as redact_value
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
 from envbisect.metric import (
     RESULT_ENV,
@@ -609,7 +610,8 @@ def _write_trial_log(
             "failure": failure,
         }
     )
-    mf.atomic_write_text(path, json.dumps(doc, indent=2, default=str) + "\n")
+    # Secret-shaped text anywhere (an argv --token, a failure line) is masked too.
+    mf.atomic_write_text(path, json.dumps(redact_tree(doc), indent=2, default=str) + "\n")
 
 
 def load_states(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbisect.collect.collector import redact_env_value
+from envbisect.agent.redact import redact_env as redact_env_value
 from envbisect.errors import TransportError
 from envbisect.transport import Transport
 
