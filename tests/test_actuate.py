@@ -152,7 +152,8 @@ def test_git_worktree_files_and_env(tmp_path: Path) -> None:
     )
     bad = manifest(
         mdir / "bad.yaml",
-        git={str(repo): {"head": c3, "branch": "main", "dirty": False}},
+        # knob.txt differs from c3's: uncommitted, so it stays a files: unit of its own.
+        git={str(repo): {"head": c3, "branch": "main", "dirty": True}},
         files={str(loose): file_entry(b"slow\n"), str(repo / "knob.txt"): store_blob(mdir, b"8\n")},
         env={"EB_SLOW": "8", "KEEP": "x"},
     )

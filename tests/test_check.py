@@ -75,8 +75,76 @@ def test_check_bad_threshold_is_exit_2_without_traceback() -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "envbisect: error: --until-ktoks 'fast': expected a throughput like 12000, 12k or 12.8k"
+        "envbisect: error: --until-ktoks 'fast': expected a throughput like 12000, 12k, 12.8k "
+        "or 12.8 Ktok/s"
     ]
+
+
+def test_check_takes_three_samples_and_says_when_the_median_is_within_noise(
+    tmp_path: Path,
+) -> None:
+    """Found 5: check took one sample by default and said nothing when it sat within noise
+    of the line."""
+    counter = tmp_path / "n"
+    script = (
+        "import os\n"
+        f"p = {str(counter)!r}\n"
+        "n = int(open(p).read()) if os.path.exists(p) else 0\n"
+        "open(p, 'w').write(str(n + 1))\n"
+        "print('%.1f tok/s' % (12000 * (1.1, 0.9, 1.02)[n % 3]))\n"
+    )
+    res = CliRunner().invoke(
+        cli,
+        ["check", "--until-ktoks", "12k", "--metric-regex", r"([0-9.]+) tok/s", "--"]
+        + [sys.executable, "-c", script],
+        standalone_mode=False,
+    )
+    assert res.return_value == 0, res.output
+    assert counter.read_text() == "3"
+    assert res.stdout == "good: median 12,240 tok/s (12.2 Ktok/s) ≥ 12,000 tok/s (12.0 Ktok/s)\n"
+    assert "note: within the noise of the threshold" in res.stderr
+    assert "per sample over 3 samples): the verdict may flip" in res.stderr
+    far = CliRunner().invoke(
+        cli,
+        ["check", "--until-ktoks", "6k", "--metric-regex", r"([0-9.]+) tok/s", "--"]
+        + [sys.executable, "-c", script],
+        standalone_mode=False,
+    )
+    assert far.return_value == 0 and "within the noise" not in far.stderr
+
+
+def test_check_reads_threshold_repeats_and_metric_regex_from_the_config(tmp_path: Path) -> None:
+    (tmp_path / "envbisect.yaml").write_text(
+        "threshold: 12k\nrepeats: 2\nmetric_regex: '([0-9.]+) Ktok/s'\n"
+    )
+    counter = tmp_path / "n"
+    script = (
+        "import os\n"
+        f"p = {str(counter)!r}\n"
+        "n = int(open(p).read()) if os.path.exists(p) else 0\n"
+        "open(p, 'w').write(str(n + 1))\n"
+        "print('step: 12.8 Ktok/s')\n"
+    )
+    res = CliRunner().invoke(
+        cli,
+        ["check", "--config", str(tmp_path / "envbisect.yaml"), "--", sys.executable, "-c", script],
+        standalone_mode=False,
+    )
+    assert res.return_value == 0, res.output
+    assert counter.read_text() == "2"
+    assert "good means ≥ 12,000 tok/s (12.0 Ktok/s), from envbisect.yaml threshold" in res.stderr
+
+
+def test_check_refuses_a_percentage_and_a_missing_threshold(tmp_path: Path) -> None:
+    from envbisect.errors import UsageError
+
+    for argv, match in (
+        (["check", "--until", "70%", "--", "true"], "a percentage needs a measured good state"),
+        (["check", "--", "true"], "check needs a threshold"),
+        (["check", "--until-ktoks", "15", "--", "true"], "ambiguous"),
+    ):
+        res = CliRunner().invoke(cli, argv, standalone_mode=False)
+        assert isinstance(res.exception, UsageError) and match in str(res.exception), argv
 
 
 def test_git_bisect_run_finds_the_commit_that_made_tokens_expensive(tmp_path: Path) -> None:
@@ -145,7 +213,19 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     )
     res = CliRunner().invoke(
         cli,
-        ["check", "--until-ktoks", "1", "--timeout", "3", "--", sys.executable, "-c", hang],
+        [
+            "check",
+            "--until-ktoks",
+            "1tok/s",
+            "--timeout",
+            "3",
+            "--repeats",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            hang,
+        ],
         standalone_mode=False,
     )
     assert res.return_value == 125

@@ -97,6 +97,11 @@ def test_explicit_path_and_missing_path(tmp_path: Path) -> None:
         ("repo: [.]\n", "'repo' (did you mean 'repos'?)"),
         ("- a\n", "top level"),
         ("label: [unclosed\n", "malformed YAML at line"),
+        ("threshold: 15\n", "field threshold '15': a bare number below 1,000 is ambiguous"),
+        ("threshold: 120%\n", "between 0% and 100%"),
+        ("threshold: [1]\n", "'threshold'"),
+        ("metric_regex: 'tok/s'\n", "'metric_regex': needs one group"),
+        ("repeats: 0\n", "'repeats' must be a positive whole number"),
     ],
 )
 def test_bad_config_is_one_line_naming_file_and_field(
@@ -109,6 +114,17 @@ def test_bad_config_is_one_line_naming_file_and_field(
     assert "\n" not in message
     assert message.startswith(str(cfg))
     assert field in message
+
+
+def test_threshold_metric_regex_and_repeats_can_be_set(tmp_path: Path) -> None:
+    write(
+        tmp_path / "envbisect.yaml",
+        "threshold: 70%\nmetric_regex: '([0-9.]+) tok/s'\nrepeats: 5\n",
+    )
+    c = Config.load(cwd=tmp_path)
+    assert c.threshold.fraction == pytest.approx(0.7)
+    assert c.threshold.source == "envbisect.yaml threshold"
+    assert c.metric_regex == "([0-9.]+) tok/s" and c.repeats == 5
 
 
 def test_empty_file_is_all_defaults(tmp_path: Path) -> None:

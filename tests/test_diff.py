@@ -422,3 +422,42 @@ def test_a_probe_with_a_malformed_module_file_does_not_crash_the_diff() -> None:
     )
     result = diff_manifests(good, bad)
     assert [u.id for u in result.units] == ["probes:m.f"]
+
+
+# -- no double counting; data notes that know data_map ---------------------------------------
+
+
+def _repo_pair(dirty: bool) -> tuple[Manifest, Manifest]:
+    g = {"/r": {"head": "a" * 40, "branch": "main", "dirty": False, "untracked": 0}}
+    b = {"/r": {"head": "b" * 40, "branch": "main", "dirty": dirty, "untracked": 0}}
+    fg = {"/r/train.py": {"sha256": "1" * 64, "size": 1, "blob": "1" * 64}}
+    fb = {"/r/train.py": {"sha256": "2" * 64, "size": 1, "blob": "2" * 64}}
+    loose = {"/etc/x.cfg": {"sha256": "3" * 64, "size": 1, "blob": "3" * 64}}
+    loose_b = {"/etc/x.cfg": {"sha256": "4" * 64, "size": 1, "blob": "4" * 64}}
+    return make(git=g, files={**fg, **loose}), make(git=b, files={**fb, **loose_b})
+
+
+def test_a_committed_file_change_belongs_to_its_repo_unit() -> None:
+    """Found 4: a committed edit was counted twice (files:…/train.py and git:…)."""
+    good, bad = _repo_pair(dirty=False)
+    result = diff_manifests(good, bad)
+    assert [u.id for u in result.units] == ["files:/etc/x.cfg", "git:/r"]
+    repo = result.unit("git:/r")
+    assert [(c.section, c.key) for c in repo.changes] == [("git", "/r"), ("files", "/r/train.py")]
+    assert repo.changes[1].note == "committed in this repo: moves with its commits"
+
+
+def test_an_uncommitted_file_change_stays_its_own_unit() -> None:
+    good, bad = _repo_pair(dirty=True)
+    ids = [u.id for u in diff_manifests(good, bad).units]
+    assert "files:/r/train.py" in ids and "git:/r" in ids
+
+
+def test_the_data_note_says_where_data_map_puts_the_old_dataset() -> None:
+    """Found 4: "bisectable only where data_map says…" showed with data_map set."""
+    good = make(data={"/d.jsonl": {"size": 1, "records": 1, "fingerprint": "a"}})
+    bad = make(data={"/d.jsonl": {"size": 2, "records": 2, "fingerprint": "b"}})
+    plain = diff_manifests(good, bad).unit("data:/d.jsonl")
+    assert plain.reason is not None and plain.reason.startswith("bisectable only where")
+    mapped = diff_manifests(good, bad, data_map={"/d.jsonl": "/old/d.jsonl"}).unit("data:/d.jsonl")
+    assert mapped.reason == "the other version is at /old/d.jsonl (data_map); run checks it"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from envbisect.errors import UsageError
-from envbisect.metric import MetricSpec, format_tok, measure, parse_ktoks
+from envbisect.metric import MetricSpec, Threshold, format_ktok, format_tok, measure, parse_ktoks
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,10 @@ from envbisect.metric import MetricSpec, format_tok, measure, parse_ktoks
         ("12.8k", 12800.0),
         ("12.8K", 12800.0),
         ("1,500", 1500.0),
+        ("12.8 Ktok/s", 12800.0),
+        ("12.8Ktok/s", 12800.0),
+        ("15tok/s", 15.0),
+        ("1.5M", 1.5e6),
     ],
 )
 def test_parse_ktoks(text: str, value: float) -> None:
@@ -31,6 +35,40 @@ def test_parse_ktoks_rejects_nonsense_in_one_line(text: str) -> None:
 
 def test_format_tok_matches_the_start_line() -> None:
     assert format_tok(12000) == "12,000 tok/s (12.0 Ktok/s)"
+    assert format_tok(17690.4) == "17,690 tok/s (17.7 Ktok/s)"  # never 1.769e+04
+    assert format_ktok(125.0) == "0.125" and format_ktok(4321.0) == "4.3"
+
+
+@pytest.mark.parametrize("text", ["15", "12.8", "999"])
+def test_a_bare_number_below_1000_is_refused_and_the_line_says_how_to_write_it(
+    text: str,
+) -> None:
+    """Found 5: --until-ktoks 15 meant 15 tok/s and was accepted while the good state ran
+    at 18,000; every state was "good"."""
+    with pytest.raises(UsageError) as info:
+        parse_ktoks(text)
+    value = float(text) * 1000
+    assert str(info.value) == (
+        f"--until-ktoks {text!r}: a bare number below 1,000 is ambiguous — write {text}k for "
+        f"{value:,.0f} tok/s ({value / 1000:.1f} Ktok/s), or {text}tok/s if you mean {text} "
+        "tokens per second"
+    )
+
+
+def test_threshold_forms_and_where_they_came_from() -> None:
+    pct = Threshold.parse("70%", "--until 70%", "--until")
+    assert pct.fraction == pytest.approx(0.7) and pct.value is None
+    assert pct.describe() == "good means ≥ 70% of the good state's measured speed, from --until 70%"
+    abs_ = Threshold.parse("12.8k", "envbisect.yaml threshold", "threshold")
+    assert abs_.value == 12800.0
+    assert abs_.describe() == (
+        "good means ≥ 12,800 tok/s (12.8 Ktok/s), from envbisect.yaml threshold"
+    )
+    assert Threshold.parse(12000, "x", "threshold").value == 12000.0
+    with pytest.raises(UsageError, match="between 0% and 100%"):
+        Threshold.parse("140%", "x", "--until")
+    with pytest.raises(UsageError, match="ambiguous"):
+        Threshold.parse(15, "x", "threshold")
 
 
 def test_metric_regex_unit_scales_and_last_match_wins() -> None:

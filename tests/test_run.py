@@ -191,6 +191,13 @@ def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None
     assert len(doc["trials"]) <= 2 + 2 + 2 + 2
     assert f"first bad commit {slow[:12]}" in res.stdout
     assert sc.fingerprint() == before
+    # Found 6: a git culprit had no commit range or subjects in the report.
+    report = (tmp_path / "report.md").read_text()
+    assert f"commits {sc.commits[0][:12]}..{sc.commits[-1][:12]} in {sc.repo} (4):" in report
+    assert f"{slow[:12]} more work per token  ← first bad commit" in report
+    assert f"{sc.commits[-1][:12]} and again\n" in report
+    assert f"git -C {sc.repo} checkout {slow[:12]} && python train.py" in report
+    assert culprit["details"][0].startswith("commits ")
 
 
 def _env_culprit_scenario(tmp_path: Path) -> Scenario:
@@ -416,7 +423,7 @@ def test_trial_samples_come_from_one_process_endpoints_from_two(tmp_path: Path) 
     out = tmp_path / "r.json"
     argv = [
         "run", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
-        "--good", str(good), "--bad", str(bad), "--until-ktoks", "600",
+        "--good", str(good), "--bad", str(bad), "--until-ktoks", "600tok/s",
         "--session", str(tmp_path / "session"), "--json", str(out),
         "--", sys.executable, str(script),
     ]  # fmt: skip
@@ -494,6 +501,15 @@ def test_snapshot_o_elsewhere_still_finds_the_file_culprit(tmp_path: Path) -> No
     assert [c["unit"] for c in doc["culprits"]] == [f"files:{knob}"]
     assert "not bisected" not in res.stderr
     assert knob.read_text() == "8\n"
+    # Found 6: the culprit file was two hashes although its content was stored.
+    assert doc["culprits"][0]["details"] == [
+        f"--- {knob} (good)",
+        f"+++ {knob} (bad)",
+        "@@ -1 +1 @@",
+        "-1",
+        "+8",
+    ]
+    assert doc["schema"] == "envbisect/run@1" and doc["machine"]["python"]
 
 
 def test_an_unrealizable_good_endpoint_is_never_reported_as_not_reproduced(
@@ -694,3 +710,45 @@ def test_env_diffs_in_trial_logs_are_redacted_by_name_and_by_value() -> None:
     assert set(diff["set"]) == {"HF_TOKEN", "NOTE"}
     assert all(isinstance(v, dict) and "redacted" in v for v in diff["set"].values())
     assert "ghp_" not in str(diff) and "hf_abc" not in str(diff)
+
+
+# -- trust: thresholds people can give -----------------------------------------------------
+
+
+def test_until_a_percentage_of_the_measured_good_state(tmp_path: Path) -> None:
+    sc = _env_culprit_scenario(tmp_path)
+    res, doc = _run_cli(sc, "--until", "50%")
+    assert res.return_value == 0, res.output
+    assert "good means ≥ 50% of the good state's measured speed, from --until 50%" in res.stderr
+    good = doc["trials"][0]
+    assert good["applied"] == []
+    # The threshold is half the good state's median as first measured (its first samples).
+    assert doc["threshold_tok_per_s"] < good["median"]
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    report = (tmp_path / "report.md").read_text()
+    assert "- threshold: good means ≥ 50% of the good state's measured speed" in report
+
+
+def test_a_threshold_that_separates_nothing_gets_a_suggestion(tmp_path: Path) -> None:
+    """Found 5: with the threshold far below both endpoints the run only said "does not
+    reproduce"; it now says which threshold would separate them."""
+    sc = _env_culprit_scenario(tmp_path)
+    res, doc = _run_cli(sc, "--until-ktoks", "1tok/s")
+    assert res.return_value == 1
+    assert doc["outcome"] == "not-reproduced"
+    assert "the endpoints themselves differ (good " in doc["message"]
+    assert "would separate them" in doc["message"]
+    assert "e+0" not in res.stdout + res.stderr  # one number format everywhere
+
+
+def test_threshold_from_the_config_and_its_source_on_the_start_line(tmp_path: Path) -> None:
+    sc = _env_culprit_scenario(tmp_path)
+    cfg = yaml.safe_load(sc.config.read_text())
+    cfg.update(threshold="1tok/s", repeats=3)
+    sc.config.write_text(yaml.safe_dump(cfg))
+    res, _doc = _run_cli(sc)
+    assert "good means ≥ 1 tok/s (0.001 Ktok/s), from envbisect.yaml threshold" in res.stderr
+    refused = CliRunner().invoke(
+        cli, ["run", "--until-ktoks", "15", "--good", str(sc.good)], standalone_mode=False
+    )
+    assert "a bare number below 1,000 is ambiguous" in str(refused.exception)

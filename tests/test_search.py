@@ -496,7 +496,7 @@ def test_progress_messages_name_the_state_and_the_measurement() -> None:
     assert messages[0] == "measuring the endpoints"
     assert "trial 1: good state (nothing applied) (endpoint: good)" in messages
     assert "trial 2: 8 applied: u00, u01, u02, … 5 more (endpoint: bad)" in messages
-    assert "trial 1: good (median 1.28e+04 tok/s of 3 samples)" in messages
+    assert "trial 1: good (median 12.8 Ktok/s of 3 samples)" in messages
 
 
 def test_ordered_member_of_an_interaction_bad_from_its_first_commit() -> None:
@@ -537,7 +537,7 @@ def test_a_smaller_slowdown_left_after_reverting_is_reported() -> None:
     result = search(units, two_multiplying_causes)
     assert result.outcome is SearchOutcome.FOUND
     assert culprit_sets(result) == {frozenset({"u02"})}
-    assert "brings back 8000 tok/s, not the good state's 1.2e+04" in result.message
+    assert "brings back 8.0 Ktok/s, not the good state's 12.0 Ktok/s" in result.message
 
     # With the caller's threshold just under the good speed both are slow, and find_all
     # isolates both.

@@ -112,3 +112,19 @@ def test_state_key_ignores_order() -> None:
 def test_resume_without_session_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(SessionError, match="no session to resume"):
         Session.resume(tmp_path / "nothing")
+
+
+def test_later_sample_batches_of_a_state_are_one_trial(tmp_path: Path) -> None:
+    """Found 3: every sample batch was its own numbered trial in the log."""
+    from envbisect.bisect.session import TrialRecord
+
+    s = Session.start(tmp_path / "s", {})
+    first = TrialRecord(1, "k1", ("a",), (), (10.0, 11.0), None, "t/001")
+    s.append(first.as_event())
+    s.append(TrialRecord(2, "k2", (), (), (5.0,), None, "t/002").as_event())
+    s.append(TrialRecord(1, "k1", ("a",), (), (12.0,), "timeout", "t/001").as_event())
+    trials = s.trials()
+    assert [t.index for t in trials] == [1, 2]
+    assert trials[0].samples == (10.0, 11.0, 12.0) and trials[0].failure == "timeout"
+    s.append({"type": "verdict", "index": 1, "verdict": "bad", "median": 11.0, "outlier": None})
+    assert s.verdicts()[1]["verdict"] == "bad"

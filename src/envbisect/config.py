@@ -53,6 +53,9 @@ class Config:
     find_links: tuple[str, ...] = ()
     data_map: Mapping[str, str] = field(default_factory=dict)
     smoke: tuple[str, ...] | None = None  # one argv
+    threshold: Any = None  # metric.Threshold (source "envbisect.yaml threshold") or None
+    metric_regex: str | None = None  # validated like --metric-regex
+    repeats: int | None = None  # samples per state to start with (run, check)
 
     @classmethod
     def load(cls, path: Path | None = None, cwd: Path | None = None) -> Config:
@@ -106,6 +109,9 @@ class Config:
                 for k, p in sorted(v.str_map(data, "data_map").items())
             },
             smoke=v.argv(data, "smoke"),
+            threshold=v.threshold(data),
+            metric_regex=v.metric_regex(data),
+            repeats=v.positive_int(data, "repeats"),
         )
 
     def with_overrides(self, **values: Any) -> Config:
@@ -157,6 +163,9 @@ _FIELDS = (
     "find_links",
     "data_map",
     "smoke",
+    "threshold",
+    "metric_regex",
+    "repeats",
 )
 
 
@@ -257,6 +266,45 @@ class _Validator:
         if isinstance(value, int) and value > 0:
             return value
         raise self.fail("keep_blobs", "true, false or a positive byte count", value)
+
+    def threshold(self, data: dict[str, Any]) -> Any:
+        from envbisect.errors import UsageError
+        from envbisect.metric import Threshold
+
+        value = data.get("threshold")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.fail("threshold", "a throughput such as 12k or 12000, or 70%", value)
+        try:
+            return Threshold.parse(value, f"{self.file.name} threshold", "threshold")
+        except UsageError as exc:
+            raise ConfigError(f"{self.file}: field {exc}") from None
+
+    def metric_regex(self, data: dict[str, Any]) -> str | None:
+        from envbisect.errors import UsageError
+        from envbisect.metric import MetricSpec
+
+        value = data.get("metric_regex")
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise self.fail("metric_regex", "a regular expression string", value)
+        try:
+            MetricSpec.parse(value)
+        except UsageError as exc:
+            raise ConfigError(
+                f"{self.file}: field 'metric_regex': {str(exc).split(': ', 1)[-1]}"
+            ) from None
+        return value
+
+    def positive_int(self, data: dict[str, Any], name: str) -> int | None:
+        value = data.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(name, "a positive whole number", value)
+        return value
 
     def argv(self, data: dict[str, Any], name: str) -> tuple[str, ...] | None:
         value = data.get(name)

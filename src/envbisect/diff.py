@@ -165,9 +165,11 @@ class DiffResult:
                 return u
         raise KeyError(unit_id)
 
-    def summary(self) -> str:
-        """E.g. ``14 changes in 6 sections → 9 bisectable units, 1 not bisectable``."""
-        hidden = f" ({self.hidden} volatile hidden; --all shows them)" if self.hidden else ""
+    def summary(self, *, cli: bool = True) -> str:
+        """E.g. ``14 changes in 6 sections → 9 bisectable units, 1 not bisectable``;
+        ``cli=False`` leaves out the hint at a flag (for markdown pasted elsewhere)."""
+        hint = "; --all shows them" if cli else ""
+        hidden = f" ({self.hidden} volatile hidden{hint})" if self.hidden else ""
         if self.identical:
             return f"identical: no changes{hidden}"
         sections = len({c.section for c in self.changes})
@@ -784,6 +786,7 @@ def _build_units(
     bad: Manifest,
     volatile: set[int],
     uncollected: dict[int, str],
+    data_map: Mapping[str, str] | None = None,
 ) -> list[Unit]:
     stack = tuple(
         c
@@ -805,16 +808,79 @@ def _build_units(
         elif id(change) in uncollected:
             unit = replace(unit, bisectable=False, reason=uncollected[id(change)])
         units.append(unit)
+    units = _fold_committed_files(units, good, bad)
+    if data_map:
+        units = [_data_mapped(u, data_map) for u in units]
     # Stable sort: section rank, then the order the changes were found in.
     units.sort(key=lambda u: _section_rank(u.section))
     return units
 
 
+COMMITTED_NOTE = "committed in this repo: moves with its commits"
+
+
+def repo_of(path: str, repos: Iterable[str]) -> str | None:
+    """The recorded repo that holds ``path`` (the innermost one), or None."""
+    inside = [r for r in repos if path.startswith(r.rstrip("/") + "/")]
+    return max(inside, key=len) if inside else None
+
+
+def _fold_committed_files(units: list[Unit], good: Manifest, bad: Manifest) -> list[Unit]:
+    """A file tracked by a recorded repo whose commit changed is part of that repo's unit:
+    with both sides clean its content is the commits' content, and counting it again as a
+    ``files:`` unit would bisect the same change twice. With either side dirty the file's
+    change may be uncommitted, so it stays a unit of its own."""
+    gits = {u.changes[0].key: u for u in units if u.section == "git" and len(u.changes) == 1}
+    clean = {
+        repo
+        for repo in gits
+        if not (good.section("git").get(repo) or {}).get("dirty")
+        and not (bad.section("git").get(repo) or {}).get("dirty")
+    }
+    if not clean:
+        return units
+    folded: dict[str, list[Change]] = {}
+    kept: list[Unit] = []
+    for unit in units:
+        repo = repo_of(str(unit.changes[0].key), clean) if unit.section == "files" else None
+        # Without stored content it is still realized: the worktree has it.
+        if repo is not None and (
+            unit.bisectable or (unit.reason or "").startswith("neither manifest stored")
+        ):
+            folded.setdefault(repo, []).extend(
+                replace(c, note=COMMITTED_NOTE) for c in unit.changes
+            )
+            continue
+        kept.append(unit)
+    return [
+        replace(u, changes=u.changes + tuple(folded[u.changes[0].key]))
+        if u.section == "git" and u.changes[0].key in folded
+        else u
+        for u in kept
+    ]
+
+
+def _data_mapped(unit: Unit, data_map: Mapping[str, str]) -> Unit:
+    """A data unit whose old version data_map names: say where, not "only where ..."."""
+    if unit.section != "data" or unit.changes[0].key not in data_map:
+        return unit
+    where = data_map[unit.changes[0].key]
+    return replace(unit, reason=f"the other version is at {where} (data_map); run checks it")
+
+
 # --------------------------------------------------------------------------- entry point
 
 
-def diff_manifests(good: Manifest, bad: Manifest, *, include_volatile: bool = False) -> DiffResult:
+def diff_manifests(
+    good: Manifest,
+    bad: Manifest,
+    *,
+    include_volatile: bool = False,
+    data_map: Mapping[str, str] | None = None,
+) -> DiffResult:
     """Compare two manifests; group what differs into units bisection can move.
+
+    ``data_map`` (envbisect.yaml's): where old datasets live, for the data units' notes.
 
     Raises ManifestError (naming file and field) for an entry of the wrong type.
     """
@@ -850,7 +916,9 @@ def diff_manifests(good: Manifest, bad: Manifest, *, include_volatile: bool = Fa
     found, uncollected = _mark_uncollected(found, good, bad)
     kept = [c for c, volatile in found if include_volatile or not volatile]
     left_out = tuple(c for c, volatile in found if volatile and not include_volatile)
-    units = _build_units(kept, good, bad, {id(c) for c, volatile in found if volatile}, uncollected)
+    units = _build_units(
+        kept, good, bad, {id(c) for c, volatile in found if volatile}, uncollected, data_map
+    )
     ordered = tuple(c for u in units for c in u.changes)
     return DiffResult(
         good=good,

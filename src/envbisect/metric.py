@@ -18,7 +18,9 @@ judged per ``--on-crash``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,35 +117,94 @@ def _rate(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
-def parse_ktoks(text: str) -> float:
-    """``12000``, ``12k``, ``12.8k``, ``12.8K`` → tokens per second."""
+_TOK_UNIT = re.compile(r"^(?P<num>[0-9.eE+-]+)\s*(?P<unit>[kKmM]?)(?P<tok>\s*tok(?:en)?s?/s)?$")
+
+
+def parse_ktoks(text: str, flag: str = "--until-ktoks") -> float:
+    """A throughput as people write it → tokens per second.
+
+    ``12000`` (tok/s), ``12k`` / ``12.8k`` / ``12.8K`` / ``12.8 Ktok/s`` (thousands),
+    ``1.2M``, ``15tok/s`` (explicitly tok/s). A bare number below 1,000 is refused: whether
+    ``15`` means 15 tok/s or 15 Ktok/s cannot be told, and guessing wrong makes every state
+    "good" (the line says how to write either).
+    """
     raw = str(text).strip().replace(",", "").replace("_", "")
-    scale = 1.0
-    if raw[-1:] in ("k", "K"):
-        scale, raw = 1e3, raw[:-1]
-    elif raw[-1:] in ("m", "M"):
-        scale, raw = 1e6, raw[:-1]
-    try:
-        value = float(raw) * scale
-    except ValueError:
+    found = _TOK_UNIT.match(raw)
+    value = None
+    if found is not None:
+        with contextlib.suppress(ValueError):
+            value = float(found.group("num"))
+    if found is None or value is None:
         raise UsageError(
-            f"--until-ktoks {text!r}: expected a throughput like 12000, 12k or 12.8k"
-        ) from None
-    if not value > 0:
-        raise UsageError(f"--until-ktoks {text!r}: must be a positive throughput")
+            f"{flag} {text!r}: expected a throughput like 12000, 12k, 12.8k or 12.8 Ktok/s"
+        )
+    unit = found.group("unit").lower()
+    value *= {"k": 1e3, "m": 1e6}.get(unit, 1.0)
+    if not value > 0 or not math.isfinite(value):
+        raise UsageError(f"{flag} {text!r}: must be a positive throughput")
+    if not unit and not found.group("tok") and value < 1000:
+        raise UsageError(
+            f"{flag} {text!r}: a bare number below 1,000 is ambiguous — write {raw}k for "
+            f"{format_tok(value * 1000)}, or {raw}tok/s if you mean {raw} tokens per second"
+        )
     return value
 
 
+@dataclass(frozen=True)
+class Threshold:
+    """What "good" means: at least ``value`` tok/s, or at least ``fraction`` of the good
+    state's measured median (``--until 70%``), or (neither) the engine's default, midway
+    between the measured endpoints. ``source`` says where it came from."""
+
+    value: float | None = None
+    fraction: float | None = None
+    source: str = "default"
+
+    @classmethod
+    def parse(cls, text: Any, source: str, flag: str) -> Threshold:
+        """``70%`` → a fraction of the good state; anything else as in ``parse_ktoks``."""
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            text = f"{text:g}" if text < 1000 else f"{float(text):.0f}"
+        raw = str(text).strip()
+        if raw.endswith("%"):
+            try:
+                pct = float(raw[:-1])
+            except ValueError:
+                pct = float("nan")
+            if not 0 < pct < 100:
+                raise UsageError(
+                    f"{flag} {text!r}: a percentage of the good state's speed is between "
+                    "0% and 100%, e.g. 70%"
+                )
+            return cls(fraction=pct / 100, source=source)
+        return cls(value=parse_ktoks(raw, flag), source=source)
+
+    def describe(self) -> str:
+        """``good means ≥ 12,000 tok/s (12.0 Ktok/s), from --until-ktoks``."""
+        if self.value is not None:
+            return f"good means ≥ {format_tok(self.value)}, from {self.source}"
+        if self.fraction is not None:
+            return (
+                f"good means ≥ {self.fraction:.0%} of the good state's measured speed, "
+                f"from {self.source}"
+            )
+        return "good means faster than midway between the endpoints (no threshold given)"
+
+
 def format_tok(value: float | None) -> str:
-    """``12,000 tok/s (12.0 Ktok/s)``."""
+    """``12,000 tok/s (12.0 Ktok/s)``: the one way a single throughput is written."""
     if value is None:
         return "-"
-    return f"{value:,.0f} tok/s ({value / 1000:.1f} Ktok/s)"
+    return f"{value:,.0f} tok/s ({format_ktok(value)} Ktok/s)"
 
 
 def format_ktok(value: float | None) -> str:
-    """``12.6`` (Ktok/s, one decimal) or ``-``."""
-    return "-" if value is None else f"{value / 1000:.1f}"
+    """Ktok/s for tables and lists: ``12.6``; three significant digits below 1 Ktok/s
+    (``0.125``) so slow states do not all read ``0.1``; ``-`` for no value."""
+    if value is None:
+        return "-"
+    k = value / 1000
+    return f"{k:.1f}" if abs(k) >= 1 else f"{k:.3g}"
 
 
 def from_result(result: dict[str, Any], source: str) -> Measurement:

@@ -191,18 +191,25 @@ def _md_side(name: str, side: dict[str, Any]) -> str:
     return f"- **{name}**: {where} ({_md(facts)})"
 
 
-def render_markdown(result: DiffResult) -> str:
-    """A unit table for a GitHub issue, the full change list collapsed below it."""
+def render_markdown(result: DiffResult, *, embedded: bool = False) -> str:
+    """A unit table for a GitHub issue, the full change list collapsed below it.
+
+    ``embedded``: inside another document (run's report) that already has the heading and
+    names both sides: only the summary and the tables.
+    """
     data = result.as_dict()
-    lines = [
-        f"### envbisect diff: {_md(data['good']['label'])} → {_md(data['bad']['label'])}",
-        "",
-        _md_side("good", data["good"]),
-        _md_side("bad", data["bad"]),
-        "",
-        f"**{_md(result.summary())}**",
-        "",
-    ]
+    lines = (
+        []
+        if embedded
+        else [
+            f"### envbisect diff: {_md(data['good']['label'])} → {_md(data['bad']['label'])}",
+            "",
+            _md_side("good", data["good"]),
+            _md_side("bad", data["bad"]),
+            "",
+        ]
+    )
+    lines += [f"**{_md(result.summary(cli=False))}**", ""]
     if result.identical:
         return "\n".join(lines)
     rows = []

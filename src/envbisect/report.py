@@ -7,51 +7,108 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tabulate import tabulate
 
 from envbisect.bisect.session import Session
-from envbisect.metric import format_ktok, format_tok
+from envbisect.metric import Threshold, format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
 
 # The --json document of ``run``; bump the number when a field changes meaning.
 RUN_SCHEMA = "envbisect/run@1"
 
 
-def start_line(threshold: float | None) -> str:
-    """``good means ≥ 12,000 tok/s (12.0 Ktok/s)``."""
+def start_line(
+    threshold: float | None, source: str = "default", fraction: float | None = None
+) -> str:
+    """``good means ≥ 12,000 tok/s (12.0 Ktok/s), from --until-ktoks 12k``; for ``--until
+    70%`` also the value it came to once the good state was measured."""
+    if fraction is not None:
+        line = Threshold(fraction=fraction, source=source).describe()
+        if threshold is not None:
+            line += f" (= {format_tok(threshold)})"
+        return line
     if threshold is None:
-        return "good means faster than midway between the endpoints"
-    return f"good means ≥ {format_tok(threshold)}"
+        return Threshold().describe()
+    if source == "default":
+        return f"good means ≥ {format_tok(threshold)}, midway between the measured endpoints"
+    return Threshold(value=threshold, source=source).describe()
+
+
+def result_start_line(result: RunResult) -> str:
+    return start_line(result.threshold, result.threshold_source, result.threshold_fraction)
 
 
 def _samples(samples: Sequence[float]) -> str:
     return " ".join(format_ktok(s) for s in samples) or "-"
 
 
-def _applied(applied: Sequence[str], width: int = 60) -> str:
-    text = ", ".join(applied) if applied else "(none: good state)"
-    return text if len(text) <= width else text[: width - 1] + "…"
+WIDTH = 60  # an applied list longer than this turns the table into numbers + a legend
+
+
+def _applied(applied: Sequence[str], legend: Mapping[str, int] | None = None) -> str:
+    if not applied:
+        return "(none: good state)"
+    if legend is None:
+        return ", ".join(applied)
+    return " ".join(f"[{legend[_unit(a)]}]" + _at(a) for a in applied)
+
+
+def _unit(applied: str) -> str:
+    """``git:/r@3`` → ``git:/r`` (the position of an ordered unit is not part of its id)."""
+    head, sep, tail = applied.rpartition("@")
+    return head if sep and tail.isdigit() else applied
+
+
+def _at(applied: str) -> str:
+    head, sep, tail = applied.rpartition("@")
+    return f"@{tail}" if sep and tail.isdigit() else ""
+
+
+def unit_legend(rows: Sequence[TrialRow]) -> dict[str, int] | None:
+    """unit id → number, when some row's applied list is too long to read in a column
+    (nothing is ever cut off: the legend lists every unit in full)."""
+    if all(len(", ".join(r.applied)) <= WIDTH for r in rows):
+        return None
+    ids: dict[str, int] = {}
+    for r in rows:
+        for a in r.applied:
+            ids.setdefault(_unit(a), 0)
+    return {u: i for i, u in enumerate(sorted(ids), start=1)}
+
+
+def _verdict(r: TrialRow) -> str:
+    return (
+        r.verdict
+        + (f" ({r.failure})" if r.failure else "")
+        + (f" — outlier: {r.outlier}" if r.outlier else "")
+    )
 
 
 def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
-    """Trial | applied units | samples (Ktok/s) | median | verdict."""
+    """Trial | applied units | samples (Ktok/s) | median | verdict; a numbered legend of
+    the units below it when the applied lists are long."""
+    legend = unit_legend(rows)
     body = [
         [
             r.index,
-            _applied(r.applied),
+            _applied(r.applied, legend),
             _samples(r.samples),
             format_ktok(r.median),
-            r.verdict
-            + (f" ({r.failure})" if r.failure else "")
-            + (f" — outlier: {r.outlier}" if r.outlier else ""),
+            _verdict(r),
         ]
         for r in rows
     ]
     headers = ["trial", "applied", "samples Ktok/s", "median", "verdict"]
-    return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+    table = tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+    if legend:
+        md = fmt == "github"
+        table += "\n\n" + "\n".join(
+            f"- [{n}] `{u}`" if md else f"[{n}] {u}" for u, n in legend.items()
+        )
+    return table
 
 
 def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) -> str:
@@ -96,14 +153,66 @@ def reproduce_command(result: RunResult) -> str:
         str(result.good_path),
         "--bad",
         str(result.bad_path),
-        "--until-ktoks",
-        f"{result.threshold:.0f}" if result.threshold else "?",
+        *_threshold_args(result),
     ]
     if result.smoke.metric is not None:
         argv += ["--metric-regex", result.smoke.metric.pattern.pattern]
     if result.smoke.argv:
         argv += ["--", *result.smoke.argv]
     return shlex.join(argv)
+
+
+def _threshold_args(result: RunResult) -> list[str]:
+    """The threshold words of a re-run: as given (a percentage stays a percentage)."""
+    if result.threshold_fraction is not None:
+        return ["--until", f"{result.threshold_fraction:.0%}"]
+    if result.threshold is None:
+        return []
+    t = result.threshold
+    return ["--until-ktoks", f"{t:.0f}" if t >= 1000 else f"{t:g}tok/s"]
+
+
+def next_command(result: RunResult) -> str | None:
+    """A command that reproduces the (first) culprit alone on this machine: the change made
+    by hand, then the smoke command. None when there is no single culprit."""
+    if not result.culprits:
+        return None
+    c = result.culprits[0]
+    smoke = shlex.join(result.smoke.argv) if result.smoke.argv else "envbisect smoke"
+    change = c.unit.changes[0]
+    key = str(change.key)
+    if c.unit.section == "env":
+        if change.new is None:
+            return f"env -u {shlex.quote(key)} {smoke}"
+        if isinstance(change.new, dict):
+            return None  # redacted
+        return f"env {shlex.quote(f'{key}={change.new}')} {smoke}"
+    if c.unit.section == "git":
+        commit = c.commit or (change.new.get("head") if isinstance(change.new, dict) else None)
+        if not commit:
+            return None
+        return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {smoke}"
+    if c.unit.section in ("packages", "torch-stack"):
+        pins = [
+            f"{x.key}=={x.new.get('version') if isinstance(x.new, dict) else x.new}"
+            for x in c.unit.changes
+            if x.section == "packages" and x.new is not None
+        ]
+        if not pins:
+            return None
+        python = _python_of(result)
+        return f"uv pip install --python {shlex.quote(python)} {shlex.join(pins)} && {smoke}"
+    if c.unit.section == "files":
+        return (
+            f"{smoke}   # with {key} in its bad content (the diff above); trial "
+            f"{c.bad_trial}'s trial.json has the exact argv, cwd and environment"
+        )
+    return None
+
+
+def _python_of(result: RunResult) -> str:
+    words = list(result.target_args)
+    return words[words.index("--python") + 1] if "--python" in words else "python3"
 
 
 def as_json(result: RunResult) -> dict[str, Any]:
@@ -119,6 +228,8 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "title": c.unit.title,
                 "commit": c.commit,
                 "changes": c.changes(),
+                "details": list(c.details),
+                "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
             }
             for c in result.culprits
         ],
@@ -129,6 +240,12 @@ def as_json(result: RunResult) -> dict[str, Any]:
         "notes": list(result.notes),
         "message": result.message,
         "session": str(result.session),
+        "threshold_source": result.threshold_source,
+        "threshold_fraction": result.threshold_fraction,
+        "noise_per_sample": result.noise,
+        "outliers": [{"trial": t.index, "outlier": t.outlier} for t in result.trials if t.outlier],
+        "machine": dict(result.machine),
+        "next": next_command(result),
     }
 
 
@@ -136,37 +253,99 @@ def render_json(result: RunResult) -> str:
     return json.dumps(as_json(result), indent=2, sort_keys=False) + "\n"
 
 
+_PURPOSE = {
+    "endpoint: good": "the good state as recorded, nothing applied",
+    "endpoint: bad": "every change applied: the bad state",
+    "isolate": "a split of the changes, to halve the suspects",
+    "isolate: context": "narrowing what the culprit is slow with",
+    "confirm: alone": "the culprit alone on top of the good state",
+    "confirm: without": "every change but the culprit",
+}
+
+
+def explain_trial(r: TrialRow, culprits: set[str]) -> str:
+    """One evidence line: what the trial was, what it measured, what that means."""
+    if r.purpose in _PURPOSE:
+        what = _PURPOSE[r.purpose]
+    elif r.purpose.startswith("narrow: "):
+        what = f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
+    else:
+        what = r.purpose or "a state"
+    applied = {_unit(a) for a in r.applied}
+    if culprits and r.applied:
+        what += "; with the culprit" if culprits & applied else "; without the culprit"
+    if r.failure and r.verdict == "unresolved":
+        meaning = f"unresolved: {r.failure}, so it counts neither way"
+    elif r.failure:
+        meaning = f"{r.verdict}: {r.failure} (a failure counts as slow)"
+    elif r.verdict == "unresolved":
+        meaning = "unresolved: within the noise of the threshold, so it counts neither way"
+    elif r.verdict == "good":
+        meaning = "good: at or above the threshold"
+    else:
+        meaning = "bad: below the threshold"
+    line = f"- trial {r.index} ({what}): median {format_ktok(r.median)} Ktok/s → {meaning}"
+    if r.outlier:
+        line += f"; **outlier: {r.outlier}**, which no mix of the recorded changes explains"
+    return line
+
+
+def machine_line(result: RunResult) -> str:
+    """``- machine `h`: CPU … ×16; GPU 1× NVIDIA H200, driver 580; torch …; python …; load …``."""
+    m = result.machine
+    if not m:
+        return "- machine: unknown (no facts in the bad state's manifest)"
+    gpu = f"GPU {m.get('gpu') or '?'}" + (f", driver {m['driver']}" if m.get("driver") else "")
+    torch = f"torch {m.get('torch') or 'absent'}" + (
+        f" (CUDA {m['cuda']})" if m.get("cuda") else ""
+    )
+    parts = [
+        f"CPU {m.get('cpu') or '?'} ×{m.get('cpus') or '?'}",
+        gpu,
+        torch,
+        f"python {m.get('python') or '?'}",
+        f"load {m.get('load') or 'unknown'} (1/5/15 min, at the end)",
+    ]
+    host = f" `{m['host']}`" if m.get("host") else ""
+    return f"- machine{host}: " + "; ".join(parts)
+
+
 def render_markdown(result: RunResult) -> str:
-    """Culprit, evidence, trial table, the diff and a command to reproduce."""
+    """A report to paste into an issue: the culprit and what it changed, the machine, the
+    evidence explained, every trial, the diff, what to run next and how to reproduce."""
     from envbisect.render import render_markdown as diff_markdown
 
     lines = ["## envbisect run", ""]
     lines += [f"**{line}**" for line in summary_lines(result)]
     lines += [
         "",
-        f"- threshold: {start_line(result.threshold)}",
+        machine_line(result),
+        f"- threshold: {result_start_line(result)}",
         f"- good: `{result.good_path}` — median {format_ktok(result.good_median)} Ktok/s",
         f"- bad: `{result.bad_path}` — median {format_ktok(result.bad_median)} Ktok/s",
         f"- smoke command: `{result.smoke.describe()}`",
         f"- outcome: {result.outcome}; {len(result.trials)} trials; session `{result.session}`",
     ]
+    if result.noise is not None:
+        lines.append(f"- noise: ±{result.noise:.1%} per sample")
     for note in result.notes:
         lines.append(f"- note: {note}")
     for unit, why in sorted(result.blocked.items()):
         lines.append(f"- not bisected: `{unit}`: {why}")
+    for c in result.culprits:
+        if c.details:
+            fence = "diff" if c.unit.section == "files" else ""
+            lines += ["", f"### What `{c.unit.id}` changed", "", f"```{fence}", *c.details, "```"]
     lines += ["", "### Evidence", ""]
-    if result.culprits:
-        ids = {c.unit.id for c in result.culprits}
-        for r in result.trials:
-            mark = "with" if ids & set(r.applied) else "without"
-            lines.append(
-                f"- trial {r.index} ({mark} culprit): median {format_ktok(r.median)} Ktok/s → "
-                f"{r.verdict}"
-            )
-    else:
-        lines.append("No trial isolated a single unit.")
+    culprits = {c.unit.id for c in result.culprits}
+    lines += [explain_trial(r, culprits) for r in result.trials] or ["No trial was measured."]
+    if not result.culprits:
+        lines += ["", "No trial isolated a single unit."]
     lines += ["", "### Trials", "", trial_table(result.trials, fmt="github"), ""]
-    lines += ["### Diff", "", diff_markdown(result.diff), ""]
+    lines += ["### Changes between the two states", "", diff_markdown(result.diff, embedded=True)]
+    nxt = next_command(result)
+    if nxt:
+        lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
     lines += ["### Reproduce", "", "```", reproduce_command(result), "```", ""]
     return "\n".join(lines)
 
@@ -202,12 +381,14 @@ def log_table(session: Session) -> str:
     """``envbisect log``: the trials of the session, numbered and judged as ``run`` did."""
     header = session.header() or {}
     threshold = header.get("threshold")
+    fraction = header.get("threshold_fraction")
     lines = [
         f"session {session.root}",
         f"good {header.get('good')}  bad {header.get('bad') or '(fresh snapshot)'}",
     ]
-    if threshold is not None:
-        lines.append(start_line(float(threshold)))
+    if threshold is not None or fraction is not None:
+        source = str(header.get("threshold_source") or "default")
+        lines.append(start_line(threshold, source, fraction))
     lines += ["", trial_table(session_rows(session)), ""]
     end = session.end_event()
     if end is not None and session.finished():

@@ -44,6 +44,7 @@ from envbisect.metric import (
     Measurement,
     MetricSpec,
     format_ktok,
+    format_tok,
     measure,
 )
 from envbisect.transport import Layer, LayerKind, Transport
@@ -243,6 +244,23 @@ class CheckResult:
         return "good" if self.median >= self.threshold else "bad"
 
     @property
+    def noise(self) -> float:
+        """Per-sample spread (log scale) of these samples, with the engine's prior."""
+        from envbisect.bisect.verdict import Noise
+
+        return Noise.from_groups([self.samples]).sigma
+
+    @property
+    def within_noise(self) -> bool:
+        """The median sits inside the noise band of the threshold: the verdict may flip."""
+        from envbisect.bisect.verdict import Judge, Noise, Verdict
+
+        if self.verdict == "skip":
+            return False
+        judge = Judge(self.threshold, Noise.from_groups([self.samples]))
+        return judge.verdict(self.samples) is Verdict.UNRESOLVED
+
+    @property
     def exit_code(self) -> int:
         return {"good": 0, "bad": 1}.get(self.verdict, 125)
 
@@ -253,7 +271,7 @@ def check(
     threshold: float,
     transport: Transport,
     python: str,
-    repeats: int = 1,
+    repeats: int = 3,
     timeout_s: float = 600,
     log_root: Path | None = None,
 ) -> CheckResult:
@@ -298,6 +316,8 @@ class RunOptions:
     smoke: SmokeCommand
     python: str
     transport: Transport = field(default_factory=Transport)
+    threshold_fraction: float | None = None  # --until 70%: of the measured good state
+    threshold_source: str = "default"
     session_dir: Path = Path(".envbisect/session")
     resume: bool = False
     fresh: bool = False
@@ -321,10 +341,12 @@ class TrialRow:
     verdict: str
     failure: str | None = None
     outlier: str | None = None  # faster than good / slower than bad beyond the noise
+    purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
+            "purpose": self.purpose,
             "applied": list(self.applied),
             "samples": [round(s, 3) for s in self.samples],
             "median": None if self.median is None else round(self.median, 3),
@@ -343,6 +365,7 @@ class TrialRow:
             verdict=str(d.get("verdict") or "-"),
             failure=d.get("failure"),
             outlier=d.get("outlier"),
+            purpose=str(d.get("purpose") or ""),
         )
 
 
@@ -355,6 +378,9 @@ class Culprit:
     good_median: float | None = None  # the evidence: good state without it ...
     bad_median: float | None = None  # ... and with it (alone on top of good)
     together_with: tuple[str, ...] = ()  # other units of an interaction
+    details: tuple[str, ...] = ()  # what it changed: content diff, commits, versions
+    good_trial: int | None = None  # the trial numbers of the evidence
+    bad_trial: int | None = None
 
     def changes(self) -> list[dict[str, Any]]:
         from envbisect.render import show_value
@@ -387,6 +413,10 @@ class RunResult:
     good_median: float | None = None
     bad_median: float | None = None
     target_args: tuple[str, ...] = ()  # --config/--python/--via words that reproduce the run
+    threshold_source: str = "default"
+    threshold_fraction: float | None = None
+    noise: float | None = None  # per-sample spread (log scale) the verdicts used
+    machine: Mapping[str, Any] = field(default_factory=dict)  # the report's header
 
     @property
     def exit_code(self) -> int:
@@ -648,6 +678,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         "good": str(options.good),
         "bad": str(options.bad) if options.bad else None,
         "threshold": options.threshold,
+        "threshold_fraction": options.threshold_fraction,
+        "threshold_source": options.threshold_source,
         "smoke": list(options.smoke.argv),
         "repeats": options.repeats,
         "on_crash": options.on_crash,
@@ -666,8 +698,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         session.append({"type": "end", "outcome": "error", "message": str(exc)})
         session.unlock()
         raise
-    diff = diff_manifests(good, bad)
     config = options.config
+    diff = diff_manifests(good, bad, data_map=dict(getattr(config, "data_map", {}) or {}))
     actuator = Actuator(
         good=good,
         bad=bad,
@@ -699,13 +731,14 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         ordered = actuator.ordered()
         tester = _TrialRunner(options, session, actuator, progress)
         tester.n_units = len(units)
-        context = _RunContext(diff, blocked, notes, session, options, bad_path)
+        context = _RunContext(diff, blocked, notes, session, options, bad_path, bad, actuator)
         if not units:
             return _nothing_to_bisect(context, actuator)
         result = search(
             units,
             tester,
             threshold=options.threshold,
+            threshold_fraction=options.threshold_fraction,
             repeats=options.repeats,
             max_samples=options.max_samples,
             max_trials=options.max_trials,
@@ -766,6 +799,8 @@ class _RunContext:
     session: Session
     options: RunOptions
     bad_path: Path
+    bad: Any = None  # the bad Manifest (the machine the run measured)
+    actuator: Any = None
 
     def result(
         self,
@@ -778,6 +813,7 @@ class _RunContext:
         notes: tuple[str, ...] | None = None,
         good_median: float | None = None,
         bad_median: float | None = None,
+        noise: float | None = None,
     ) -> RunResult:
         """This run's RunResult; ``notes``, when given, replaces the context's notes."""
         return RunResult(
@@ -796,6 +832,10 @@ class _RunContext:
             good_median=good_median,
             bad_median=bad_median,
             target_args=_target_args(self.options),
+            threshold_source=self.options.threshold_source,
+            threshold_fraction=self.options.threshold_fraction,
+            noise=noise,
+            machine=machine_facts(self.bad, self.options),
         )
 
 
@@ -842,6 +882,74 @@ def _unfaithful_good(
         "the good state could not be realized faithfully: these changes stayed as in the "
         f"bad state ({reasons}); with them in place it did not run clearly faster than the "
         "bad state, so the cause is probably among them — make them realizable and run again"
+    )
+
+
+def _details(unit: Any, commit: str | None, context: _RunContext) -> tuple[str, ...]:
+    """What the culprit changed, shown (content diff, commits, versions); never fails."""
+    from envbisect.explain import details
+
+    actuator = context.actuator
+    if actuator is None:
+        return ()
+    try:
+        return details(
+            unit,
+            commit,
+            good=actuator.good,
+            bad=actuator.bad,
+            blob=actuator._blob,
+            local=not context.options.transport.layers,
+        )
+    except (OSError, ValueError) as exc:
+        return (f"(cannot show the change: {exc})",)
+
+
+def machine_facts(bad: Any, options: RunOptions) -> dict[str, Any]:
+    """The report's header: the machine the trials ran on (from the bad state's manifest)
+    and this machine's load average when the run ended (local targets only)."""
+    if bad is None:
+        return {}
+    system, gpu, torch, py = (bad.section(n) for n in ("system", "gpu", "torch", "python"))
+    devices = gpu.get("devices") or []
+    names = sorted({str(d.get("name")) for d in devices if isinstance(d, dict)})
+    load = None
+    if not options.transport.layers:
+        with contextlib.suppress(OSError, AttributeError):
+            load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return {
+        "host": bad.section("meta").get("host"),
+        "cpu": system.get("cpu_model"),
+        "cpus": system.get("cpu_count"),
+        "gpu": f"{len(devices)}× {', '.join(names)}" if devices else "none",
+        "driver": gpu.get("driver"),
+        "torch": torch.get("version"),
+        "cuda": torch.get("cuda"),
+        "python": py.get("version"),
+        "load": load,
+    }
+
+
+def _threshold_hint(result: Any, options: RunOptions) -> str:
+    """When a given threshold does not separate endpoints that differ by more than the
+    noise, the threshold that would: midway (geometric) between their medians."""
+    from envbisect.bisect.verdict import Noise, median
+
+    if options.threshold is None and options.threshold_fraction is None:
+        return ""
+    ends = result.trials[:2]
+    if len(ends) < 2 or any(t.failure or not t.samples for t in ends):
+        return ""
+    good, bad = (ends[0], ends[1]) if not ends[0].state.applied else (ends[1], ends[0])
+    g, b = median(good.samples), median(bad.samples)
+    noise = Noise(sigma=result.noise or 0.03, dof=1)
+    se = math.hypot(noise.median_se(len(good.samples)), noise.median_se(len(bad.samples)))
+    if math.log(g) - math.log(b) <= max(0.05, 3 * se):
+        return ""
+    mid = math.sqrt(g * b)
+    return (
+        f"; the endpoints themselves differ (good {format_ktok(g)}, bad {format_ktok(b)} "
+        f"Ktok/s): a threshold of {format_tok(mid)} would separate them"
     )
 
 
@@ -933,9 +1041,14 @@ class _Progress:
 
 
 def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> RunResult:
+    def number(t: Any) -> int:
+        return numbers.get(state_key(t.state.applied, t.state.positions), t.index)
+
     outcome, message = _unfaithful_good(
         result.outcome.value, str(getattr(result, "message", "") or ""), result, context.blocked
     )
+    if outcome == "not-reproduced":
+        message += _threshold_hint(result, context.options)
     notes = context.notes
     units = {u.id: u for u in context.diff.units}
     culprits: list[Culprit] = []
@@ -957,6 +1070,9 @@ def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> Ru
                     good_median=evidence.good.median,
                     bad_median=evidence.bad.median,
                     together_with=tuple(u for u in c.units if u != unit_id),
+                    details=_details(units[unit_id], commit, context),
+                    good_trial=number(evidence.good),
+                    bad_trial=number(evidence.bad),
                 )
             )
     good_t = next((t for t in result.trials if not t.state.applied), None)
@@ -981,6 +1097,7 @@ def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> Ru
             verdict=t.verdict.value,
             failure=t.failure,
             outlier=flag(t),
+            purpose=t.purpose,
         )
         for t in result.trials
     )
@@ -999,6 +1116,7 @@ def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> Ru
         notes=notes,
         good_median=good_med,
         bad_median=bad_med,
+        noise=result.noise,
     )
 
 

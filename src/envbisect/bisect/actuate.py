@@ -103,6 +103,14 @@ def blob_dirs(manifest: Manifest, extra: Sequence[Path] = ()) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
+def _realized_changes(unit: Any) -> list[Any]:
+    """The changes an actuator makes real for ``unit``: a git unit's committed files come
+    with its worktree (see ``diff.COMMITTED_NOTE``) and are not written on their own."""
+    if unit.section == "git":
+        return [c for c in unit.changes if c.section == "git"]
+    return list(unit.changes)
+
+
 def normalize(name: str) -> str:
     """PEP 503 name."""
     import re
@@ -211,7 +219,7 @@ class Actuator:
         return out
 
     def _unit_blocker(self, unit: Any) -> str | None:
-        actionable = [c for c in unit.changes if c.section in ACTIONABLE]
+        actionable = [c for c in _realized_changes(unit) if c.section in ACTIONABLE]
         other = sorted({c.section for c in unit.changes} - set(ACTIONABLE) - set(DERIVED))
         if other:
             return f"no actuator for {', '.join(other)} changes (reported, not bisected)"
@@ -418,7 +426,7 @@ class Actuator:
         out: dict[str, list[str]] = {}
         for unit in self.units:
             gits = [c for c in unit.changes if c.section == "git"]
-            if len(gits) != 1 or len(unit.changes) != 1:
+            if len(gits) != 1 or len(_realized_changes(unit)) != 1:
                 continue
             old = (self.good.section("git").get(str(gits[0].key)) or {}).get("head")
             new = (self.bad.section("git").get(str(gits[0].key)) or {}).get("head")
@@ -439,7 +447,7 @@ class Actuator:
         values: dict[tuple[str, str], Any] = {}
         for unit in self.units:
             on = unit.id in applied
-            for change in unit.changes:
+            for change in _realized_changes(unit):
                 if change.section not in ACTIONABLE:
                     continue
                 key = str(change.key)

@@ -68,6 +68,7 @@ from enum import Enum
 from typing import Any
 
 from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
+from envbisect.metric import format_ktok
 
 __all__ = [
     "Culprit",
@@ -329,6 +330,11 @@ class _Ambiguous(Exception):
         self.why = why
 
 
+def _k(tok_per_s: float | None) -> str:
+    """Throughputs in messages, written as in every table: ``12.6 Ktok/s``."""
+    return f"{format_ktok(tok_per_s)} Ktok/s"
+
+
 def _log2ceil(n: int) -> int:
     return math.ceil(math.log2(n)) if n > 1 else 0
 
@@ -344,6 +350,7 @@ class _Engine:
         max_samples: int,
         max_trials: int | None,
         find_all: bool,
+        threshold_fraction: float | None = None,
         ordered: Mapping[str, Sequence[str]],
         on_failure: str,
         progress: Callable[[Event], None] | None,
@@ -354,6 +361,7 @@ class _Engine:
         self.all = frozenset(self.units)
         self.test = test
         self.caller_threshold = threshold
+        self.fraction = threshold_fraction
         self.repeats = repeats
         self.max_samples = max_samples
         self.max_trials = max_trials
@@ -467,7 +475,7 @@ class _Engine:
         if rec.failure:
             return f"trial {rec.index}: {rec.verdict.value} ({rec.failure})"
         return (
-            f"trial {rec.index}: {rec.verdict.value} (median {median(rec.samples):.4g} tok/s "
+            f"trial {rec.index}: {rec.verdict.value} (median {_k(median(rec.samples))} "
             f"of {len(rec.samples)} samples)"
         )
 
@@ -546,11 +554,11 @@ class _Engine:
                 "software: see the non-bisectable changes"
             )
         if gv is Verdict.UNRESOLVED or bv is Verdict.UNRESOLVED:
-            g = f"{median(good.samples):.4g}"
-            b = f"{median(bad.samples):.4g}" if bad.samples else "no samples"
+            g = _k(median(good.samples))
+            b = _k(median(bad.samples)) if bad.samples else "no samples"
             return (
-                f"the regression does not reproduce clearly: good state {g} tok/s, full set "
-                f"{b} tok/s, threshold {self.threshold:.4g} tok/s are within the noise "
+                f"the regression does not reproduce clearly: good state {g}, full set "
+                f"{b}, threshold {_k(self.threshold)} are within the noise "
                 f"(±{self._noise().sigma:.1%} per sample) after {len(good.samples)} samples"
             )
         return None
@@ -575,6 +583,11 @@ class _Engine:
         self._emit(EventKind.TRIAL_FINISHED, self._finished_text(rec), rec)
 
     def _set_threshold(self, good: _Record, bad: _Record) -> None:
+        if self.fraction is not None and good.samples:
+            # "70% of the good state": fixed as soon as the good state is measured, then
+            # judged like a threshold the caller gave.
+            self.caller_threshold = self.threshold = self.fraction * median(good.samples)
+            return
         if self.caller_threshold is not None:
             return
         if bad.failure or not bad.samples:
@@ -840,8 +853,8 @@ class _Engine:
         if gap <= max(0.05, 2.5 * se):
             return []
         return [
-            f"reverting it brings back {median(got.samples):.4g} tok/s, not the good state's "
-            f"{median(good.samples):.4g}: smaller slowdowns stay above the threshold "
+            f"reverting it brings back {_k(median(got.samples))}, not the good state's "
+            f"{_k(median(good.samples))}: smaller slowdowns stay above the threshold "
             "(a higher threshold and find_all would isolate them)"
         ]
 
@@ -925,6 +938,7 @@ def search(
     on_failure: str = "bad",
     progress: Callable[[Event], None] | None = None,
     replay: Mapping[State, Outcome] | None = None,
+    threshold_fraction: float | None = None,
 ) -> SearchResult:
     """Find the unit(s) whose application turns the good state slow.
 
@@ -940,9 +954,13 @@ def search(
     ``on_failure``: a state that cannot be measured counts as ``"bad"`` (a crash is the
     regression) or is skipped (``"skip"``: unresolved, split around). ``replay``: outcomes of
     states measured in an earlier, interrupted session; used instead of calling ``test``.
+    ``threshold_fraction`` (instead of ``threshold``): slow means below this fraction of the
+    good endpoint's median.
     """
     ordered = dict(ordered or {})
     _validate(units, threshold, repeats, max_samples, max_trials, ordered, on_failure)
+    if threshold_fraction is not None and (threshold is not None or not 0 < threshold_fraction < 1):
+        raise ValueError("threshold_fraction is a fraction in (0, 1), instead of a threshold")
     engine = _Engine(
         units,
         test,
@@ -955,6 +973,7 @@ def search(
         on_failure=on_failure,
         progress=progress,
         replay=replay or {},
+        threshold_fraction=threshold_fraction,
     )
     try:
         return engine.run()

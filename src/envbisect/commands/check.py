@@ -12,30 +12,32 @@ from envbisect.commands.common import (
     load_config,
     metric_regex_option,
     resolve_target,
+    resolve_threshold,
     smoke_command,
     smoke_command_line,
     target_options,
+    threshold_options,
     timeout_option,
 )
 
 
 @click.command("check", context_settings={"ignore_unknown_options": True})
+@threshold_options
 @click.option(
-    "--until-ktoks",
-    "until",
-    required=True,
-    metavar="N",
-    help="Good means at least this many tokens/s: 12000, 12k or 12.8k.",
+    "--repeats",
+    type=int,
+    default=None,
+    help="Runs; their median counts (default: repeats: in envbisect.yaml, else 3).",
 )
-@click.option("--repeats", default=1, show_default=True, help="Runs; their median counts.")
 @timeout_option
 @metric_regex_option
 @target_options
 @config_option
 @click.argument("smoke_argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ...]")
 def command(
-    until: str,
-    repeats: int,
+    until_ktoks: str | None,
+    until: str | None,
+    repeats: int | None,
     timeout_s: float,
     metric_regex: str | None,
     python: str | None,
@@ -53,20 +55,27 @@ def command(
     drafter smoke test, runs in --python.
     """
     from envbisect.errors import UsageError
-    from envbisect.metric import format_tok, parse_ktoks
-    from envbisect.report import start_line
+    from envbisect.metric import format_tok
     from envbisect.runner import check
 
-    threshold = parse_ktoks(until)
+    config = load_config(config_path)
+    goal = resolve_threshold(until_ktoks, until, config, relative=False)
+    if goal.value is None:
+        raise UsageError(
+            "check needs a threshold: --until-ktoks N, or threshold: in envbisect.yaml"
+        )
+    threshold = goal.value
+    repeats = repeats if repeats is not None else (config.repeats or 3)
     if repeats < 1:
         raise UsageError("--repeats must be at least 1")
-    config = load_config(config_path)
     transport, py = resolve_target(config, python, via, target_name)
     smoke = smoke_command(smoke_argv, config, metric_regex)
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
-    click.echo(f"envbisect check: {start_line(threshold)}; running {smoke.describe()}", err=True)
+    click.echo(
+        f"envbisect check: {goal.describe()}; running {smoke.describe()} {repeats}×", err=True
+    )
     result = check(
         smoke,
         threshold=threshold,
@@ -79,5 +88,13 @@ def command(
         click.echo(f"cannot test: {result.failure}; logs in {result.log_dir}")
     else:
         sign = "≥" if result.verdict == "good" else "<"
-        click.echo(f"{result.verdict}: {format_tok(result.median)} {sign} {threshold:,.0f} tok/s")
+        click.echo(
+            f"{result.verdict}: median {format_tok(result.median)} {sign} {format_tok(threshold)}"
+        )
+        if result.within_noise:
+            click.echo(
+                f"note: within the noise of the threshold (±{result.noise:.1%} per sample over "
+                f"{len(result.samples)} samples): the verdict may flip; more --repeats decide it",
+                err=True,
+            )
     return result.exit_code

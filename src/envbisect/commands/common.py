@@ -101,6 +101,45 @@ def metric_regex_option(func: F) -> F:
     )(func)
 
 
+def threshold_options(func: F) -> F:
+    """``--until-ktoks N`` and ``--until N|P%`` (run, check)."""
+    func = click.option(
+        "--until",
+        "until",
+        metavar="N|P%",
+        help="Good means at least this: a throughput (as --until-ktoks) or a percentage of "
+        "the good state's measured speed, e.g. 70%.",
+    )(func)
+    return click.option(
+        "--until-ktoks",
+        "until_ktoks",
+        metavar="N",
+        help="Good means at least this many tokens/s: 12000, 12k, 12.8k or 12.8 Ktok/s; a "
+        "bare number below 1,000 is refused as ambiguous (write 12.8k, or 15tok/s).",
+    )(func)
+
+
+def resolve_threshold(
+    until_ktoks: str | None, until: str | None, config: Config, *, relative: bool = True
+) -> Any:
+    """The threshold and where it came from: --until-ktoks / --until, else envbisect.yaml's
+    ``threshold:``, else none (``Threshold()``: the engine's default)."""
+    from envbisect.errors import UsageError
+    from envbisect.metric import Threshold, parse_ktoks
+
+    if until_ktoks is not None and until is not None:
+        raise UsageError("--until-ktoks and --until exclude each other: give one")
+    if until_ktoks is not None:
+        t = Threshold(value=parse_ktoks(until_ktoks), source=f"--until-ktoks {until_ktoks}")
+    elif until is not None:
+        t = Threshold.parse(until, f"--until {until}", "--until")
+    else:
+        t = getattr(config, "threshold", None) or Threshold()
+    if t.fraction is not None and not relative:
+        raise UsageError(f"{t.source}: a percentage needs a measured good state; give a throughput")
+    return t
+
+
 def smoke_command(
     smoke_argv: Sequence[str], config: Config, metric_regex: str | None
 ) -> SmokeCommand:
@@ -109,9 +148,10 @@ def smoke_command(
     from envbisect.metric import MetricSpec
     from envbisect.runner import SmokeCommand
 
+    regex = metric_regex or getattr(config, "metric_regex", None)
     return SmokeCommand(
         tuple(smoke_argv) or tuple(config.smoke or ()),
-        MetricSpec.parse(metric_regex) if metric_regex else None,
+        MetricSpec.parse(regex) if regex else None,
     )
 
 

@@ -81,7 +81,10 @@ def command(
         )
         click.echo(f"envbisect: comparing with a fresh snapshot of {where}", err=True)
         bad_manifest = take_snapshot(config, transport, target_python, label="now")
-    result = diff_manifests(good_manifest, bad_manifest, include_volatile=include_volatile)
+    data_map = dict(load_config(config_path).data_map) if bad is not None else config.data_map
+    result = diff_manifests(
+        good_manifest, bad_manifest, include_volatile=include_volatile, data_map=data_map
+    )
     result = result.select(sections)
     color = fmt == "table" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     click.echo(render(result, fmt, color=color), nl=False, color=color)

@@ -14,11 +14,13 @@ from envbisect.commands.common import (
     load_config,
     metric_regex_option,
     resolve_target,
+    resolve_threshold,
     session_option,
     session_root,
     smoke_command,
     smoke_command_line,
     target_options,
+    threshold_options,
     timeout_option,
 )
 
@@ -35,14 +37,13 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 @click.option(
     "--bad", "bad", metavar="PATH", help="Broken-state manifest (default: a fresh snapshot now)."
 )
+@threshold_options
 @click.option(
-    "--until-ktoks",
-    "until",
-    metavar="N",
-    help="Good means at least this many tokens/s: 12000, 12k or 12.8k "
-    "(default: midway between the measured endpoints).",
+    "--repeats",
+    type=int,
+    default=None,
+    help="Samples per state to start with (default: repeats: in envbisect.yaml, else 3).",
 )
-@click.option("--repeats", default=3, show_default=True, help="Samples per state to start with.")
 @click.option("--max-trials", type=int, default=None, help="Budget of distinct states.")
 @timeout_option
 @click.option(
@@ -66,8 +67,9 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 def command(
     good: str | None,
     bad: str | None,
+    until_ktoks: str | None,
     until: str | None,
-    repeats: int,
+    repeats: int | None,
     max_trials: int | None,
     timeout_s: float,
     on_crash: str,
@@ -94,11 +96,11 @@ def command(
     from envbisect import report
     from envbisect.errors import UsageError
     from envbisect.manifest import atomic_write_text
-    from envbisect.metric import parse_ktoks
     from envbisect.runner import RunOptions, run_bisect, validate_options
 
     config = load_config(config_path)
-    threshold = parse_ktoks(until) if until is not None else None
+    threshold = resolve_threshold(until_ktoks, until, config)
+    repeats = repeats if repeats is not None else (config.repeats or 3)
     good_path = Path(good) if good else config.good
     if good_path is None:
         raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
@@ -110,7 +112,9 @@ def command(
     options = RunOptions(
         good=good_path.absolute(),
         bad=Path(bad).absolute() if bad else None,
-        threshold=threshold,
+        threshold=threshold.value,
+        threshold_fraction=threshold.fraction,
+        threshold_source=threshold.source,
         smoke=smoke,
         python=py,
         transport=transport,
@@ -126,11 +130,7 @@ def command(
         cwd=Path.cwd(),
     )
     validate_options(options)
-    goal = (
-        report.start_line(threshold)
-        if threshold
-        else "good means faster than midway between the endpoints"
-    )
+    goal = threshold.describe()
     click.echo(
         f"envbisect run: {goal}; smoke: {smoke.describe()}; session {options.session_dir}", err=True
     )

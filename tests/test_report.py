@@ -1,0 +1,146 @@
+"""report.py: the trial table, evidence lines, the markdown report and the JSON document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envbisect import manifest as mf
+from envbisect.diff import diff_manifests
+from envbisect.report import as_json, explain_trial, render_markdown, trial_table
+from envbisect.runner import Culprit, RunResult, SmokeCommand, TrialRow
+
+
+def _rows(units: list[str]) -> list[TrialRow]:
+    return [
+        TrialRow(1, (), (12000.0,) * 3, 12000.0, "good", purpose="endpoint: good"),
+        TrialRow(2, tuple(units), (4000.0,) * 3, 4000.0, "bad", purpose="endpoint: bad"),
+        TrialRow(
+            3,
+            tuple(units[:2]),
+            (11900.0, 12100.0, 12000.0),
+            12000.0,
+            "unresolved",
+            purpose="isolate",
+        ),
+        TrialRow(
+            4,
+            (units[0],),
+            (21000.0,) * 3,
+            21000.0,
+            "good",
+            purpose="confirm: alone",
+            outlier="1.75× faster than the good state",
+        ),
+    ]
+
+
+UNITS = [
+    "env:DFLASH_VERIFY",
+    "files:/root/dflash/configs/drafter.yaml",
+    "packages:transformers",
+    "git:/root/dflash",
+]
+
+
+def test_long_applied_lists_are_never_cut_off() -> None:
+    """Found 6: the applied column was cut off (`env:DFLASH_VERIFY, fil…`)."""
+    table = trial_table(_rows(UNITS))
+    assert "…" not in table
+    assert "[1] env:DFLASH_VERIFY" in table and "[4] packages:transformers" in table
+    assert "[1] [2] [4] [3]" in table  # trial 2 applies all four, in their order
+    md = trial_table(_rows(UNITS), fmt="github")
+    assert "- [2] `files:/root/dflash/configs/drafter.yaml`" in md
+    short = trial_table(_rows(["env:A", "env:B"]))
+    assert "env:A, env:B" in short and "[1]" not in short
+    assert "outlier: 1.75× faster than the good state" in table
+
+
+def test_every_evidence_line_says_what_the_trial_was_and_what_it_means() -> None:
+    lines = [explain_trial(r, {"env:DFLASH_VERIFY"}) for r in _rows(UNITS)]
+    assert lines[0] == (
+        "- trial 1 (the good state as recorded, nothing applied): median 12.0 Ktok/s → "
+        "good: at or above the threshold"
+    )
+    assert "unresolved: within the noise of the threshold, so it counts neither way" in lines[2]
+    assert "; with the culprit" in lines[2]
+    assert "**outlier: 1.75× faster than the good state**" in lines[3]
+    unfaithful = TrialRow(
+        5,
+        ("env:A",),
+        (),
+        None,
+        "unresolved",
+        failure="state not faithful: env A",
+        purpose="isolate",
+    )
+    assert explain_trial(unfaithful, set()).endswith(
+        "unresolved: state not faithful: env A, so it counts neither way"
+    )
+
+
+def _result(tmp_path: Path) -> RunResult:
+    good = mf.load(Path("fixtures/diff/seed/good.yaml").absolute())
+    bad = mf.load(Path("fixtures/diff/seed/bad.yaml").absolute())
+    diff = diff_manifests(good, bad)
+    unit = diff.unit("env:PYTORCH_CUDA_ALLOC_CONF")
+    return RunResult(
+        outcome="found",
+        threshold=8000.0,
+        culprits=(Culprit(unit, good_median=12000.0, bad_median=4000.0, bad_trial=2),),
+        trials=tuple(_rows(UNITS)),
+        diff=diff,
+        blocked={},
+        notes=(),
+        session=tmp_path / "s",
+        message="culprit: env:PYTORCH_CUDA_ALLOC_CONF",
+        good_path=Path("good.yaml"),
+        bad_path=Path("bad.yaml"),
+        smoke=SmokeCommand(("python", "train.py")),
+        threshold_source="--until-ktoks 8k",
+        machine={
+            "cpu": "AMD EPYC",
+            "cpus": 16,
+            "gpu": "1× NVIDIA H200",
+            "driver": "580.1",
+            "torch": "2.11.0+cu130",
+            "cuda": "13.0",
+            "python": "3.12.3",
+            "load": "1.00",
+        },
+    )
+
+
+def test_the_markdown_report_has_a_header_no_cli_text_and_a_next_line(tmp_path: Path) -> None:
+    md = render_markdown(_result(tmp_path))
+    assert (
+        "- machine: CPU AMD EPYC ×16; GPU 1× NVIDIA H200, driver 580.1; torch 2.11.0+cu130 "
+        "(CUDA 13.0); python 3.12.3; load 1.00" in md
+    )
+    assert "- threshold: good means ≥ 8,000 tok/s (8.0 Ktok/s), from --until-ktoks 8k" in md
+    assert "--all" not in md  # no CLI text pasted into markdown
+    head = md.index("### Changes between the two states")
+    assert md[head:].split("\n")[2].startswith("**")  # the diff summary, not another heading
+    assert "### Next\n\nThe culprit alone, on this machine:\n\n```\n" in md
+    assert "env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py" in md
+    assert "envbisect run --good good.yaml --bad bad.yaml --until-ktoks 8000" in md
+
+
+def test_the_json_document_names_its_schema_and_flags_outliers(tmp_path: Path) -> None:
+    doc = as_json(_result(tmp_path))
+    assert doc["schema"] == "envbisect/run@1"
+    assert doc["outliers"] == [{"trial": 4, "outlier": "1.75× faster than the good state"}]
+    assert doc["trials"][3]["outlier"] == "1.75× faster than the good state"
+    assert doc["next"].startswith("env PYTORCH_CUDA_ALLOC_CONF=")
+
+
+def test_outliers_are_states_beyond_either_endpoint_by_more_than_the_noise() -> None:
+    """Found 2: a state ran 1.8× faster than the good state and nothing noticed."""
+    from envbisect.runner import outlier
+
+    good, bad = [18000.0, 18500.0, 17600.0], [9000.0, 9100.0, 8800.0]
+    assert outlier([31000.0, 29000.0, 33000.0], good, bad, 0.03) == (
+        "1.72× faster than the good state"
+    )
+    assert outlier([4000.0, 4100.0, 3900.0], good, bad, 0.03) == "2.25× slower than the bad state"
+    assert outlier([18800.0, 19000.0, 18700.0], good, bad, 0.03) is None  # within the noise
+    assert outlier([21000.0] * 3, good, bad, 0.30) is None  # a noisy machine: not beyond it
