@@ -57,47 +57,28 @@ COLD = {
     "TORCHINDUCTOR_CACHE_DIR": "/tmp/envbisect-inductor-cold2",
     "TRITON_CACHE_DIR": "/tmp/envbisect-triton-cold2",
 }
-for unit in ("flex", "layer", "model"):
-    CONFIGS[f"race-{unit}-t1"] = (RACE + ["--compile-unit", unit, "--drafter-threads", "1"], {})
-    for n in (3, 6):
-        for tag in ("a", "b"):
-            CONFIGS[f"race-{unit}-t{n}-{tag}"] = (
-                RACE + ["--compile-unit", unit, "--drafter-threads", str(n)],
-                {},
-            )
-    for knob, flags in (
-        ("patch", ["--patch-module", FIELD_PATCH_FILE]),
-        ("unoptimized", ["--nested-fx", "unoptimized"]),
-        ("force", ["--nested-fx", "force"]),
-        ("locked", ["--mask-build", "locked"]),
-        ("once", ["--mask-build", "once"]),
-    ):
-        CONFIGS[f"race-{unit}-t3-{knob}"] = (
-            RACE + ["--compile-unit", unit, "--drafter-threads", "3", *flags],
-            {},
-        )
 COLD3 = {
     "TORCHINDUCTOR_CACHE_DIR": "/tmp/envbisect-inductor-cold3",
     "TRITON_CACHE_DIR": "/tmp/envbisect-triton-cold3",
 }
-# shapes that change every step: recompiles in one drafter while the others step
-for unit in ("flex", "layer", "model"):
-    for n, tag in ((1, "a"), (3, "a"), (3, "b"), (6, "a")):
-        CONFIGS[f"race-vary-{unit}-t{n}-{tag}"] = (
-            RACE + ["--vary-shapes", "--compile-unit", unit, "--drafter-threads", str(n)],
-            {},
-        )
-    for knob, flags in (
-        ("patch", ["--patch-module", FIELD_PATCH_FILE]),
-        ("unoptimized", ["--nested-fx", "unoptimized"]),
-        ("force", ["--nested-fx", "force"]),
-        ("locked", ["--mask-build", "locked"]),
-        ("once", ["--mask-build", "once"]),
-    ):
-        CONFIGS[f"race-vary-{unit}-t3-{knob}"] = (
-            RACE + ["--vary-shapes", "--compile-unit", unit, "--drafter-threads", "3", *flags],
-            {},
-        )
+RACE_KNOBS = (
+    ("patch", ["--patch-module", FIELD_PATCH_FILE]),
+    ("unoptimized", ["--nested-fx", "unoptimized"]),
+    ("force", ["--nested-fx", "force"]),
+    ("locked", ["--mask-build", "locked"]),
+    ("once", ["--mask-build", "once"]),
+)
+# race-*: fixed shapes; race-vary-*: shapes that change every step (recompiles in one
+# drafter while the others step). Tags a/b are repeated tries of the same configuration.
+for prefix, shapes in (("race", []), ("race-vary", ["--vary-shapes"])):
+    for unit in ("flex", "layer", "model"):
+        base = RACE + shapes + ["--compile-unit", unit, "--drafter-threads"]
+        CONFIGS[f"{prefix}-{unit}-t1"] = (base + ["1"], {})
+        for n in (1, 3, 6):
+            for tag in ("a", "b"):
+                CONFIGS[f"{prefix}-{unit}-t{n}-{tag}"] = (base + [str(n)], {})
+        for knob, flags in RACE_KNOBS:
+            CONFIGS[f"{prefix}-{unit}-t3-{knob}"] = (base + ["3", *flags], {})
 CONFIGS["h200-eagermask-cold"] = (["--mask-compile", "off"], dict(COLD3))
 CONFIGS["h200-eagermask-s5-a"] = (["--mask-compile", "off", "--samples", "5"], dict(COLD3))
 CONFIGS["h200-eagermask-s5-b"] = (["--mask-compile", "off", "--samples", "5"], dict(COLD3))
