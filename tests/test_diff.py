@@ -447,6 +447,15 @@ def test_a_committed_file_change_belongs_to_its_repo_unit() -> None:
     assert repo.changes[1].note == "committed in this repo: moves with its commits"
 
 
+def test_a_file_in_a_repo_with_untracked_files_stays_its_own_unit() -> None:
+    """An untracked file (not in any worktree) listed under files: must still be written."""
+    good, bad = _repo_pair(dirty=False)
+    for m in (good, bad):
+        m.section("git")["/r"]["untracked"] = 1
+    ids = [u.id for u in diff_manifests(good, bad).units]
+    assert "files:/r/train.py" in ids and "git:/r" in ids
+
+
 def test_an_uncommitted_file_change_stays_its_own_unit() -> None:
     good, bad = _repo_pair(dirty=True)
     ids = [u.id for u in diff_manifests(good, bad).units]

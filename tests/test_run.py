@@ -752,3 +752,32 @@ def test_threshold_from_the_config_and_its_source_on_the_start_line(tmp_path: Pa
         cli, ["run", "--until-ktoks", "15", "--good", str(sc.good)], standalone_mode=False
     )
     assert "a bare number below 1,000 is ambiguous" in str(refused.exception)
+
+
+def test_an_untracked_file_in_a_recorded_repo_is_still_realized(tmp_path: Path) -> None:
+    """A listed file that git does not track (knob.txt) inside a recorded repo whose commit
+    also changed is not part of the repo's unit: no worktree has it, so it is written."""
+    from tests.helpers_run import commit_all, git, init_repo
+
+    work, knob, python = _loose_file_world(tmp_path)
+    init_repo(work)
+    (work / ".gitignore").write_text("")
+    git(work, "add", "train.py", ".gitignore")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "workload")
+    cfg = yaml.safe_load((work / "envbisect.yaml").read_text())
+    (work / "envbisect.yaml").write_text(yaml.safe_dump({**cfg, "repos": [str(work)]}))
+    good = tmp_path / "keep" / "good.yaml"
+    assert _envbisect(work, "snapshot", "-o", str(good), "--python", str(python)).returncode == 0
+    knob.write_text("8\n")
+    (work / ".gitignore").write_text("*.pyc\n")
+    commit_all(work, "ignore bytecode")  # knob.txt stays untracked: add -A would take it
+    git(work, "rm", "-q", "--cached", "knob.txt")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "untrack")
+    res = _envbisect(
+        work, "run", "--good", str(good), "--python", str(python), "--json", "-",
+        "--", "python", "train.py",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout[res.stdout.index("{") :])
+    assert [c["unit"] for c in doc["culprits"]] == [f"files:{knob}"]
+    assert "No such file" not in res.stdout + res.stderr

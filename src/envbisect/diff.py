@@ -828,14 +828,20 @@ def repo_of(path: str, repos: Iterable[str]) -> str | None:
 def _fold_committed_files(units: list[Unit], good: Manifest, bad: Manifest) -> list[Unit]:
     """A file tracked by a recorded repo whose commit changed is part of that repo's unit:
     with both sides clean its content is the commits' content, and counting it again as a
-    ``files:`` unit would bisect the same change twice. With either side dirty the file's
-    change may be uncommitted, so it stays a unit of its own."""
+    ``files:`` unit would bisect the same change twice. With either side dirty or holding
+    untracked files the file's change may be uncommitted, so it stays a unit of its own."""
     gits = {u.changes[0].key: u for u in units if u.section == "git" and len(u.changes) == 1}
+    # Clean means nothing uncommitted *and* nothing untracked: a manifest does not say
+    # whether a listed file is tracked, and an untracked one (a local config, a knob
+    # file) is not in a worktree at any commit, so it must stay a unit that writes it.
     clean = {
         repo
         for repo in gits
-        if not (good.section("git").get(repo) or {}).get("dirty")
-        and not (bad.section("git").get(repo) or {}).get("dirty")
+        if all(
+            not (side.section("git").get(repo) or {}).get("dirty")
+            and not (side.section("git").get(repo) or {}).get("untracked")
+            for side in (good, bad)
+        )
     }
     if not clean:
         return units

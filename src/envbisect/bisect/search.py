@@ -520,8 +520,9 @@ class _Engine:
             bad.verdict = self._decide_bad_endpoint(bad)
             self._finish_endpoint(bad)
             return (
-                f"the good state fails here too ({good.failure}) — the cause is outside "
-                "the recorded software: see the non-bisectable changes"
+                f"the good state fails here too ({good.failure}): if its trial log shows it "
+                "ran as recorded, the cause is outside the recorded software (see the "
+                "non-bisectable changes); a failure of the realized state itself is not"
             )
         while True:
             self._set_threshold(good, bad)
