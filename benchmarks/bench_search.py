@@ -20,7 +20,12 @@ Cases: single culprit; two-change interaction (slow only together); two independ
 0/5/10/20% with a 3× and a 1.3× drop; the two hardest noise cases again with the engine
 allowed 21 samples per state instead of 9.
 
-Usage: python benchmarks/bench_search.py [--seeds N] [--sizes 4 8 ...]
+The k axis: the engine with k ∈ {1, 2, 4, 8} workers (k states measured per round) for
+N ∈ {8, 16, 32, 64}: rounds and trials for a single culprit, an interaction, and one
+culprit under CV 5% / 1.3× and CV 10% / 3× noise.
+
+Usage: python benchmarks/bench_search.py [--seeds N] [--sizes 4 8 ...] [--ks 1 2 4 8]
+[--only k]
 Prints markdown tables and the goal checks; nothing is asserted. Pure Python, no I/O.
 """
 
@@ -164,6 +169,100 @@ METHODS: dict[str, Callable[[Oracle, Case], Run]] = {
 }
 
 
+K_CASES = [
+    Case("single culprit", "single"),
+    Case("interaction (slow only together)", "interaction"),
+    Case("noise CV 5%, 1.3x drop", "single", 0.05, 1.3),
+    Case("noise CV 10%, 3.0x drop", "single", 0.10, 3.0),
+]
+
+
+@dataclass(frozen=True)
+class KRun:
+    rounds: int
+    trials: int
+    exact: bool
+    wrong: bool
+
+
+def run_engine_k(oracle: Oracle, case: Case, k: int) -> KRun:
+    result = search(
+        oracle.units,
+        oracle,
+        max_samples=case.max_samples,
+        workers=k,
+        test_many=lambda calls: [oracle(s, n) for s, n in calls],
+    )
+    answer = {frozenset(c.units) for c in result.culprits}
+    truth = set(oracle.causes)
+    return KRun(
+        result.rounds, len(result.trials), answer == truth, any(a not in truth for a in answer)
+    )
+
+
+def logk(n: int, k: int) -> int:
+    return math.ceil(math.log(n, k + 1) - 1e-9)
+
+
+def k_axis(seeds: int, sizes: list[int], ks: list[int]) -> list[str]:
+    """The k table; returns the goal lines."""
+    goals: list[str] = []
+    cells: dict[tuple[str, int, int], list[KRun]] = {}
+    for case in K_CASES:
+        print(f"\n### k workers: {case.name}\n")
+        print("| N | k | rounds mean / max | trials mean / max | exact | wrong |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n in sizes:
+            for k in ks:
+                runs = [
+                    run_engine_k(
+                        make_oracle(n, case.scenario, seed, cv=case.cv, drop=case.drop), case, k
+                    )
+                    for seed in range(seeds)
+                ]
+                cells[(case.name, n, k)] = runs
+                print(
+                    f"| {n} | {k} | {statistics.fmean(r.rounds for r in runs):.2f} / "
+                    f"{max(r.rounds for r in runs)} | "
+                    f"{statistics.fmean(r.trials for r in runs):.2f} / "
+                    f"{max(r.trials for r in runs)} | "
+                    f"{sum(r.exact for r in runs) / len(runs):.1%} | "
+                    f"{sum(r.wrong for r in runs) / len(runs):.1%} |"
+                )
+    for n in sizes:
+        for k in ks:
+            single = cells[("single culprit", n, k)]
+            cv5 = cells[("noise CV 5%, 1.3x drop", n, k)]
+            cv10 = cells[("noise CV 10%, 3.0x drop", n, k)]
+            bound = logk(n, k) + 2
+            worst = max(r.rounds for r in single)
+            e5 = sum(r.exact for r in cv5) / len(cv5)
+            e10 = sum(r.exact for r in cv10) / len(cv10)
+            wrong = sum(r.wrong for r in cv5 + cv10)
+            # With one worker the endpoints and the confirmations are a round each: the
+            # goal there is the trial count of the sequential search.
+            checks = (
+                [
+                    (
+                        f"single: rounds max {worst} <= {bound}",
+                        worst <= bound and all(r.exact for r in single),
+                    )
+                ]
+                if k > 1
+                else []
+            ) + [
+                (f"CV5% 1.3x exact {e5:.1%} >= 95%", e5 >= 0.95),
+                (f"CV10% 3x exact {e10:.1%} >= 99%", e10 >= 0.99),
+                (f"{wrong} wrong", wrong == 0),
+            ]
+            if k == 1:
+                trials = max(r.trials for r in single)
+                checks.append((f"trials max {trials} <= {log2c(n) + 4}", trials <= log2c(n) + 4))
+            marks = "; ".join(f"{t} {'met' if ok else 'MISSED'}" for t, ok in checks)
+            goals.append(f"- N={n}, k={k}: {marks}")
+    return goals
+
+
 @dataclass(frozen=True)
 class Summary:
     mean_trials: float
@@ -193,8 +292,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--only", choices=["k"], help="only the k axis")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.only == "k":
+        sizes = [n for n in args.sizes if n >= 8] or [8, 16, 32, 64]
+        goals = k_axis(args.seeds, sizes, args.ks)
+        print("\n### Goals (k workers)\n")
+        print("\n".join(goals))
+        print(f"\n{args.seeds} seeds per cell; {time.perf_counter() - started:.0f} s in all.")
+        return 0
     results: dict[tuple[str, int, str], Summary] = {}
     for case in CASES:
         print(f"\n### {case.name}\n")
@@ -242,6 +350,9 @@ def main() -> int:
         ]
         marks = "; ".join(f"{text} {'met' if ok else 'MISSED'}" for text, ok in checks)
         print(f"- N={n}: {marks}")
+    goals = k_axis(args.seeds, [n for n in args.sizes if n >= 8], args.ks)
+    print("\n### Goals (k workers)\n")
+    print("\n".join(goals))
     print(f"\n{args.seeds} seeds per cell; {time.perf_counter() - started:.0f} s in all.")
     return 0
 

@@ -32,6 +32,21 @@ class Target:
 
 
 @dataclass(frozen=True)
+class WorkerConfig:
+    """One entry of ``workers:``: a slot of this host (``env``, ``cpus``), a named target
+    (``target``) or Slurm jobs (``slurm``: partition, gres, time, count, mode, args)."""
+
+    name: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    target: str | None = None
+    cpus: tuple[int, ...] = ()
+    slurm: Mapping[str, Any] | None = None
+
+
+_SLURM_FIELDS = ("partition", "gres", "time", "count", "mode", "args")
+
+
+@dataclass(frozen=True)
 class Config:
     """The validated contents of envbisect.yaml (all fields optional)."""
 
@@ -56,6 +71,7 @@ class Config:
     threshold: Any = None  # metric.Threshold (source "envbisect.yaml threshold") or None
     metric_regex: str | None = None  # validated like --metric-regex
     repeats: int | None = None  # samples per state to start with (run, check)
+    workers: tuple[WorkerConfig, ...] = ()
 
     @classmethod
     def load(cls, path: Path | None = None, cwd: Path | None = None) -> Config:
@@ -112,6 +128,7 @@ class Config:
             threshold=v.threshold(data),
             metric_regex=v.metric_regex(data),
             repeats=v.positive_int(data, "repeats"),
+            workers=v.workers(data),
         )
 
     def with_overrides(self, **values: Any) -> Config:
@@ -166,6 +183,7 @@ _FIELDS = (
     "threshold",
     "metric_regex",
     "repeats",
+    "workers",
 )
 
 
@@ -342,4 +360,90 @@ class _Validator:
             if python is not None and not isinstance(python, str):
                 raise self.fail(f"{where}.python", "a string", python)
             out[str(name)] = Target(via=tuple(via), python=python)
+        return out
+
+    def workers(self, data: dict[str, Any]) -> tuple[WorkerConfig, ...]:
+        value = data.get("workers")
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not value:
+            raise self.fail("workers", "a non-empty list of {name, env | target | slurm}", value)
+        raw_targets = data.get("targets")
+        targets: dict[Any, Any] = raw_targets if isinstance(raw_targets, dict) else {}
+        out: list[WorkerConfig] = []
+        for i, spec in enumerate(value):
+            where = f"workers[{i}]"
+            if not isinstance(spec, dict):
+                raise self.fail(where, "a mapping with 'name'", spec)
+            extra = sorted(
+                str(k) for k in spec if k not in ("name", "env", "target", "cpus", "slurm")
+            )
+            if extra:
+                raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
+            name = spec.get("name")
+            if (
+                not isinstance(name, str)
+                or not name
+                or not name.replace("-", "").replace("_", "").isalnum()
+            ):
+                raise self.fail(f"{where}.name", "a name of letters, digits, - and _", name)
+            if any(w.name == name for w in out):
+                raise ConfigError(f"{self.file}: field '{where}.name': {name!r} is used twice")
+            env = spec.get("env") or {}
+            if not isinstance(env, dict) or not all(
+                isinstance(k, str) and isinstance(x, (str, int)) and not isinstance(x, bool)
+                for k, x in env.items()
+            ):
+                raise self.fail(f"{where}.env", "a mapping of NAME: value", env)
+            target = spec.get("target")
+            if target is not None and (not isinstance(target, str) or target not in targets):
+                known = ", ".join(sorted(str(t) for t in targets)) or "none defined"
+                raise ConfigError(
+                    f"{self.file}: field '{where}.target': no target named {target!r} "
+                    f"under 'targets:' ({known})"
+                )
+            cpus = spec.get("cpus") or []
+            if not isinstance(cpus, list) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus
+            ):
+                raise self.fail(f"{where}.cpus", "a list of core numbers", cpus)
+            slurm = spec.get("slurm")
+            if slurm is not None:
+                slurm = self._slurm(slurm, f"{where}.slurm")
+                if target is not None:
+                    raise ConfigError(
+                        f"{self.file}: field '{where}': give 'target' or 'slurm', not both"
+                    )
+            out.append(
+                WorkerConfig(
+                    name=name,
+                    env={str(k): str(x) for k, x in env.items()},
+                    target=target,
+                    cpus=tuple(cpus),
+                    slurm=slurm,
+                )
+            )
+        return tuple(out)
+
+    def _slurm(self, spec: Any, where: str) -> dict[str, Any]:
+        if not isinstance(spec, dict):
+            raise self.fail(where, "a mapping of partition, gres, time, count, mode, args", spec)
+        extra = sorted(str(k) for k in spec if k not in _SLURM_FIELDS)
+        if extra:
+            raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
+        out: dict[str, Any] = {}
+        for key in ("partition", "gres", "time"):
+            if spec.get(key) is not None:
+                if not isinstance(spec[key], (str, int)) or isinstance(spec[key], bool):
+                    raise self.fail(f"{where}.{key}", "a string", spec[key])
+                out[key] = str(spec[key])
+        count = spec.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise self.fail(f"{where}.count", "a positive number", count)
+        out["count"] = count
+        mode = spec.get("mode", "salloc")
+        if mode not in ("salloc", "srun"):
+            raise self.fail(f"{where}.mode", "'salloc' or 'srun'", mode)
+        out["mode"] = mode
+        out["args"] = tuple(self.str_list(spec, "args", f"{where}.args"))
         return out

@@ -44,6 +44,14 @@ class SessionError(EnvBisectError):
     """A bisection session directory is missing, locked or inconsistent."""
 
 
+class WorkerError(EnvBisectError):
+    """A worker is not the same kind of machine as the target, or cannot run a trial."""
+
+    def __init__(self, message: str, worker: str | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker  # the worker at fault, when one is
+
+
 class Interrupted(EnvBisectError):
     """The user interrupted a long run; state was saved."""
 

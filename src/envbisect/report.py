@@ -89,11 +89,14 @@ def _verdict(r: TrialRow) -> str:
 
 def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
     """Trial | applied units | samples (Ktok/s) | median | verdict; a numbered legend of
-    the units below it when the applied lists are long."""
+    the units below it when the applied lists are long; with several workers also the round
+    and the worker of every trial."""
     legend = unit_legend(rows)
+    parallel = any(r.worker for r in rows)
     body = [
         [
             r.index,
+            *([r.round or "-", r.worker or "-"] if parallel else []),
             _applied(r.applied, legend),
             _samples(r.samples),
             format_ktok(r.median),
@@ -101,7 +104,14 @@ def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
         ]
         for r in rows
     ]
-    headers = ["trial", "applied", "samples Ktok/s", "median", "verdict"]
+    headers = [
+        "trial",
+        *(["round", "worker"] if parallel else []),
+        "applied",
+        "samples Ktok/s",
+        "median",
+        "verdict",
+    ]
     table = tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
     if legend:
         md = fmt == "github"
@@ -324,7 +334,8 @@ def render_markdown(result: RunResult) -> str:
         f"- good: `{result.good_path}` — median {format_ktok(result.good_median)} Ktok/s",
         f"- bad: `{result.bad_path}` — median {format_ktok(result.bad_median)} Ktok/s",
         f"- smoke command: `{result.smoke.describe()}`",
-        f"- outcome: {result.outcome}; {len(result.trials)} trials; session `{result.session}`",
+        f"- outcome: {result.outcome}; {len(result.trials)} trials{_rounds(result.trials)}; "
+        f"session `{result.session}`",
     ]
     if result.noise is not None:
         lines.append(f"- noise: ±{result.noise:.1%} per sample")
@@ -372,6 +383,8 @@ def session_rows(session: Session) -> list[TrialRow]:
                 verdict=str(v.get("verdict") or "-"),
                 failure=r.failure,
                 outlier=v.get("outlier"),
+                round=r.round or 0,
+                worker=r.worker,
             )
         )
     return rows
@@ -389,6 +402,14 @@ def log_table(session: Session) -> str:
     if threshold is not None or fraction is not None:
         source = str(header.get("threshold_source") or "default")
         lines.append(start_line(threshold, source, fraction))
+    for ev in session.events():
+        if ev.get("type") == "calibration-refused":
+            lines.append(f"calibration {ev.get('worker')}: left out: {ev.get('reason')}")
+        if ev.get("type") == "calibration":
+            lines.append(
+                f"calibration {ev.get('worker')}: good state {format_ktok(ev.get('median'))} "
+                f"Ktok/s, factor {float(ev.get('factor') or 1):.3f} ({ev.get('decision')})"
+            )
     lines += ["", trial_table(session_rows(session)), ""]
     end = session.end_event()
     if end is not None and session.finished():
@@ -396,6 +417,15 @@ def log_table(session: Session) -> str:
     elif not session.finished():
         lines.append("unfinished: continue with 'envbisect run --resume'")
     return "\n".join(lines) + "\n"
+
+
+def _rounds(rows: Sequence[TrialRow]) -> str:
+    """`` in 4 rounds on 2 workers (cpu0, cpu1)`` for a parallel run, else nothing."""
+    workers = sorted({r.worker for r in rows if r.worker})
+    if not workers:
+        return ""
+    rounds = max((r.round for r in rows), default=0)
+    return f" in {rounds} rounds on {len(workers)} workers ({', '.join(workers)})"
 
 
 def _median(samples: Sequence[float]) -> float | None:

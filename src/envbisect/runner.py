@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import math
 import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,12 +97,14 @@ def run_once(
     argv_map: Callable[[Sequence[str]], list[str]] | None = None,
     samples: int = 1,
     record: Callable[[dict[str, Any]], None] | None = None,
+    pin: Sequence[str] = (),
 ) -> Measurement:
     """Run the smoke command once and read its throughput (never raises for a bad run).
 
     ``samples`` timed windows are asked of the one process (the built-in drafter through its
     params, any other command through ``$ENVBISECT_SAMPLES``): one start, one warm-up.
     ``record`` receives how the run went: argv, cwd, exit status, wall time, the reading.
+    ``pin``: words put in front of the innermost command (a worker's ``taskset -c N``).
     """
     started = time.monotonic()
     ran: dict[str, Any] = {"name": name, "cwd": str(cwd) if cwd is not None else None}
@@ -117,6 +121,7 @@ def run_once(
             argv_map=argv_map,
             samples=samples,
             ran=ran,
+            pin=pin,
         )
     finally:
         ran["wall_s"] = round(time.monotonic() - started, 3)
@@ -146,6 +151,7 @@ def _run_once(
     argv_map: Callable[[Sequence[str]], list[str]] | None,
     samples: int,
     ran: dict[str, Any],
+    pin: Sequence[str] = (),
 ) -> Measurement:
     log_dir.mkdir(parents=True, exist_ok=True)
     result_file = log_dir / f"{name}.result.json"
@@ -164,7 +170,7 @@ def _run_once(
         bundle = build_bundle(DRAFTER, params, deadline_s=timeout_s)
         ran["argv"] = [python, "-", f"(stdin: {DRAFTER} {params})"]
         res = via.run(
-            [python, "-"],
+            [*pin, python, "-"],
             stdin=bundle.source,
             timeout_s=timeout_s + 5,
             log_dir=log_dir,
@@ -177,7 +183,7 @@ def _run_once(
         if frame is not None and "__agent_error__" in frame:
             return Measurement(None, f"crash: {frame['__agent_error__']}", "frame")
     else:
-        argv = list(argv_map(smoke.argv) if argv_map else smoke.argv)
+        argv = [*pin, *(argv_map(smoke.argv) if argv_map else smoke.argv)]
         if remote and cwd is not None:
             argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *argv]
         ran["argv"] = list(argv)
@@ -328,6 +334,7 @@ class RunOptions:
     on_crash: str = "bad"
     config: Any = None  # envbisect.config.Config
     cwd: Path | None = None
+    workers: tuple[Any, ...] = ()  # envbisect.bisect.workers.Worker; (): one, the target
 
 
 @dataclass(frozen=True)
@@ -342,6 +349,8 @@ class TrialRow:
     failure: str | None = None
     outlier: str | None = None  # faster than good / slower than bad beyond the noise
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
+    round: int = 0
+    worker: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -353,6 +362,8 @@ class TrialRow:
             "verdict": self.verdict,
             "failure": self.failure,
             "outlier": self.outlier,
+            "round": self.round,
+            "worker": self.worker,
         }
 
     @classmethod
@@ -366,6 +377,8 @@ class TrialRow:
             failure=d.get("failure"),
             outlier=d.get("outlier"),
             purpose=str(d.get("purpose") or ""),
+            round=int(d.get("round") or 0),
+            worker=d.get("worker"),
         )
 
 
@@ -449,24 +462,66 @@ class _TrialRunner:
             self.index_of[rec.key] = rec.index
         self.records: list[TrialRecord] = []
         self.n_units = 0  # the endpoints' samples come from two processes (see _sample)
+        # Workers measure in threads: trial numbers, the log and the replay under one lock.
+        self._lock = threading.Lock()
+        self.actuators: dict[str, Actuator] = {}  # worker name -> its own (a target's)
+        self.rounds: Mapping[Any, int] = {}  # state -> round, filled from engine events
+        # Set by envbisect.parallel: a worker's reading of a finished run (Slurm's reason
+        # for a kill) and the Slurm allocations to cancel at the end.
+        self.after_run: Callable[[Measurement, Path, Any], Measurement] | None = None
+        self.allocations: Any = None
 
     def __call__(self, state: Any, n: int) -> Any:
+        return self.measure(state, n)
+
+    def measure(
+        self,
+        state: Any,
+        n: int,
+        worker: Any = None,
+        cancel: threading.Event | None = None,
+        *,
+        calibration: bool = False,
+    ) -> Any:
+        """``n`` samples of ``state`` (on ``worker``, when several run); logged and replayed
+        as trials, except ``calibration`` runs (the caller logs those). Nothing is logged
+        when ``cancel`` is set by the end: the round was abandoned (Ctrl-C)."""
         from envbisect.bisect.search import Outcome
 
         applied = frozenset(state.applied)
         positions = dict(getattr(state, "positions", ()) or ())
         key = state_key(applied, positions.items())
-        logged = self.replay.pop(key, None)
+        name = getattr(worker, "name", None)
+        index = 0
+        with self._lock:
+            logged = None if calibration else self.replay.pop(key, None)
+            if logged is not None:
+                self.records.append(logged)
+            elif not calibration:
+                known = self.index_of.get(key)
+                if known is None:
+                    # Trials of one round are numbered before any of them is logged.
+                    taken = max(self.index_of.values(), default=0)
+                    known = max(self.session.next_trial_index(), taken + 1)
+                    self.index_of[key] = known
+                index = known
         if logged is not None:
-            self.records.append(logged)
             self.progress(f"  replayed from the session log: {logged.log_dir}")
             return Outcome(
-                samples=logged.samples, failure=logged.failure, untestable=logged.untestable
+                samples=logged.samples,
+                failure=logged.failure,
+                untestable=logged.untestable,
+                worker=logged.worker,
             )
-        index = self.index_of.get(key)
-        if index is None:
-            index = self.index_of[key] = self.session.next_trial_index()
-        trial_dir = self.session.trial_dir(index)
+        if calibration:
+            trial_dir = self.session.root / "calibration" / str(name)
+            trial_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            trial_dir = self.session.trial_dir(index)
+        actuator = self.actuators.get(str(name), self.actuator)
+        transport = self.o.transport
+        if worker is not None and worker.transport is not None:
+            transport = worker.transport
         first_run = 1 + len(list(trial_dir.glob("run-*.stdout")))
         samples: list[float] = []
         failure: str | None = None
@@ -475,12 +530,14 @@ class _TrialRunner:
         runs: list[dict[str, Any]] = []
         check: StateCheck | None = None
         started = time.monotonic()
-        with self.actuator.realize(applied, positions, trial_dir) as realized:
+        with actuator.realize(applied, positions, trial_dir) as realized:
+            if worker is not None and worker.env:
+                realized = dataclasses.replace(realized, env={**realized.env, **worker.env})
             notes = realized.notes
             if realized.failure is not None:
                 failure = realized.failure
             else:
-                check = self._check(realized, applied, positions, trial_dir)
+                check = self._check(realized, applied, positions, trial_dir, actuator, transport)
                 if check.error is not None:
                     notes = (*notes, check.summary())
                 elif not check.faithful:
@@ -488,15 +545,27 @@ class _TrialRunner:
             if failure is None:
                 endpoint = not applied or len(applied) == self.n_units
                 failure = self._sample(
-                    realized, trial_dir, n, samples, endpoint, first_run, runs.append
+                    realized,
+                    trial_dir,
+                    n,
+                    samples,
+                    endpoint,
+                    first_run,
+                    runs.append,
+                    worker,
+                    cancel,
                 )
+            if cancel is not None and cancel.is_set():
+                raise KeyboardInterrupt
+            if calibration:
+                return Outcome(samples=tuple(samples), failure=failure, worker=name)
             _write_trial_log(
                 trial_dir,
                 index=index,
                 applied=sorted(applied),
                 positions=positions,
                 realized=realized,
-                transport=self.o.transport,
+                transport=transport,
                 check=check,
                 runs=runs,
                 wall_s=time.monotonic() - started,
@@ -512,23 +581,35 @@ class _TrialRunner:
             log_dir=str(trial_dir),
             notes=notes,
             untestable=untestable,
+            worker=name,
+            round=self.rounds.get(state),
         )
-        self.session.append(rec.as_event())
-        self.records.append(rec)
+        with self._lock:
+            self.session.append(rec.as_event())
+            self.records.append(rec)
         shown = ", ".join(format_ktok(s) for s in samples) or "-"
         tail = f"; {failure}" if failure else ""
-        self.progress(f"  {shown} Ktok/s{tail}  [log {trial_dir}]")
-        return Outcome(samples=tuple(samples), failure=failure, untestable=untestable)
+        on = f" on {name}" if name else ""
+        self.progress(f"  {shown} Ktok/s{tail}{on}  [log {trial_dir}]")
+        return Outcome(samples=tuple(samples), failure=failure, untestable=untestable, worker=name)
 
     def _check(
-        self, realized: Realized, applied: frozenset[str], positions: Mapping[str, int], log: Path
+        self,
+        realized: Realized,
+        applied: frozenset[str],
+        positions: Mapping[str, int],
+        log: Path,
+        actuator: Actuator | None = None,
+        transport: Transport | None = None,
     ) -> StateCheck:
         """Snapshot the realized state and compare it with good + the applied units."""
-        values = self.actuator.state_values(applied, positions)
+        actuator = actuator or self.actuator
+        transport = transport or self.o.transport
+        values = actuator.state_values(applied, positions)
         where = {k: realized.map_argv([k])[0] for (_s, k) in values}
-        expected = expected_facts(self.actuator.good, self.actuator.bad, values, where)
-        remote = bool(self.o.transport.layers)
-        via = _far_transport(self.o.transport, realized.env) if remote else self.o.transport
+        expected = expected_facts(actuator.good, actuator.bad, values, where)
+        remote = bool(transport.layers)
+        via = _far_transport(transport, realized.env) if remote else transport
         return check_state(
             transport=via,
             python=realized.python,
@@ -546,6 +627,8 @@ class _TrialRunner:
         endpoint: bool,
         first_run: int,
         record: Callable[[dict[str, Any]], None],
+        worker: Any = None,
+        cancel: threading.Event | None = None,
     ) -> str | None:
         """Fill ``samples`` up to ``n``: one process gives as many timed windows as asked (a
         command that reports one figure gives one); returns the failure, if any. Runs are
@@ -558,8 +641,12 @@ class _TrialRunner:
         per_run = -(-n // 2) if endpoint and n > 1 else n
         k = first_run - 1
         while len(samples) < n:
+            if cancel is not None and cancel.is_set():
+                raise KeyboardInterrupt
             k += 1
-            m = self._run(realized, trial_dir, f"run-{k}", min(per_run, n - len(samples)), record)
+            m = self._run(
+                realized, trial_dir, f"run-{k}", min(per_run, n - len(samples)), record, worker
+            )
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
@@ -572,10 +659,14 @@ class _TrialRunner:
         name: str,
         samples: int,
         record: Callable[[dict[str, Any]], None],
+        worker: Any = None,
     ) -> Measurement:
-        return run_once(
+        transport = self.o.transport
+        if worker is not None and worker.transport is not None:
+            transport = worker.transport
+        m = run_once(
             self.o.smoke,
-            transport=self.o.transport,
+            transport=transport,
             python=realized.python,
             env=realized.env,
             cwd=realized.cwd,
@@ -585,7 +676,11 @@ class _TrialRunner:
             argv_map=realized.map_argv,
             samples=samples,
             record=record,
+            pin=worker.pin_argv() if worker is not None else (),
         )
+        if self.after_run is not None and worker is not None:
+            m = self.after_run(m, trial_dir / f"{name}.stderr", worker)
+        return m
 
 
 TRIAL_LOG = "trial.json"
@@ -734,6 +829,28 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         context = _RunContext(diff, blocked, notes, session, options, bad_path, bad, actuator)
         if not units:
             return _nothing_to_bisect(context, actuator)
+        parallel: dict[str, Any] = {}
+        events = _Progress(progress, session, tester)
+        on_event: Callable[[Any], None] = events
+        if options.workers:
+            from envbisect.parallel import prepare
+
+            pool = prepare(
+                options.workers,
+                tester=tester,
+                actuator=actuator,
+                units=units,
+                diff=diff,
+                options=options,
+                session=session,
+                progress=progress,
+            )
+            parallel = {"workers": len(pool.workers), "test_many": pool}
+
+            def on_event(ev: Any) -> None:
+                pool.progress(ev)
+                events(ev)
+
         result = search(
             units,
             tester,
@@ -744,18 +861,21 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             max_trials=options.max_trials,
             ordered={u: ordered[u] for u in units if u in ordered},
             on_failure=options.on_crash,
-            progress=_Progress(progress, session, tester),
+            progress=on_event,
+            **parallel,
         )
         if result.interrupted:
             raise KeyboardInterrupt
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
         _quietly(actuator.close)
+        _close_workers(locals().get("tester"))
         session.append({"type": "end", "outcome": "error", "message": str(exc)})
         session.unlock()
         raise
     except KeyboardInterrupt:
         _quietly(actuator.close)
+        _close_workers(locals().get("tester"))
         session.append({"type": "interrupted"})
         session.unlock()
         raise Interrupted(
@@ -777,8 +897,18 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         }
     )
     actuator.close()
+    _close_workers(tester)
     session.unlock()
     return out
+
+
+def _close_workers(tester: _TrialRunner | None) -> None:
+    """Close the actuators of workers with a target of their own (worktrees, files, remote
+    session dirs there) and cancel their Slurm jobs."""
+    for act in tester.actuators.values() if tester is not None else ():
+        _quietly(act.close)
+    if tester is not None and tester.allocations is not None:
+        tester.allocations.cancel_all()
 
 
 def _quietly(undo: Callable[[], Any]) -> None:
@@ -1098,6 +1228,8 @@ def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> Ru
             failure=t.failure,
             outlier=flag(t),
             purpose=t.purpose,
+            round=t.round,
+            worker=t.worker,
         )
         for t in result.trials
     )

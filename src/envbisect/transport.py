@@ -660,6 +660,8 @@ class Transport:
                 raise TransportError(
                     f"cannot start {full[0]!r} (via {self.describe()}): {exc.strerror}"
                 ) from None
+            with _LIVE_LOCK:
+                _LIVE[proc.pid] = proc
             try:
                 timed_out = not _feed_and_wait(proc, stdin, timeout_s)
                 if timed_out:
@@ -667,6 +669,9 @@ class Transport:
             except BaseException:
                 _kill_group(proc)
                 raise
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE.pop(proc.pid, None)
         return RunResult(
             argv=tuple(full),
             returncode=proc.returncode,
@@ -747,6 +752,23 @@ def _feed_and_wait(proc: subprocess.Popen[bytes], data: bytes, timeout_s: float 
     waiter.start()
     waiter.join(timeout_s)
     return not waiter.is_alive()
+
+
+# Processes started by Transport.run that have not been reaped yet (several at once when the
+# trials of one round run in threads): kill_running() ends them all, e.g. on Ctrl-C.
+_LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """Kill the process group of every program Transport.run is waiting for (in any thread);
+    returns how many. The waiting calls then return as killed."""
+    with _LIVE_LOCK:
+        procs = list(_LIVE.values())
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return len(procs)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

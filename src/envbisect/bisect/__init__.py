@@ -6,6 +6,7 @@ Imported as ``envbisect.bisect``; it does not shadow the stdlib ``bisect`` (src 
 from __future__ import annotations
 
 from envbisect.bisect.search import (
+    BatchTestFn,
     Culprit,
     Event,
     EventKind,
@@ -22,6 +23,7 @@ from envbisect.bisect.search import (
 from envbisect.bisect.verdict import Judge, Noise, Verdict
 
 __all__ = [
+    "BatchTestFn",
     "Culprit",
     "Event",
     "EventKind",

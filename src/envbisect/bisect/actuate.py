@@ -70,6 +70,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,6 +200,12 @@ class Actuator:
     _facts: dict[str, Any] | None = None  # remote: answers of the agent's inspect
     _remote_dirty: bool = False  # remote: files may be swapped there right now
     _remote_venvs: set[str] = field(default_factory=set)  # remote: venvs known ready
+    # Workers of one host realize states from several threads: one build at a time (venvs
+    # and worktrees are shared between states); the trials themselves run side by side.
+    _build_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Several actuators of one session (workers with targets of their own) log their agent
+    # calls side by side: each under its own name.
+    log_tag: str = ""
 
     @property
     def remote(self) -> bool:
@@ -372,7 +379,7 @@ class Actuator:
             {"op": op, **params},
             timeout_s=timeout_s,
             log_dir=log_dir,
-            name=name,
+            name=f"{name}-{self.log_tag}" if self.log_tag else name,
         )
 
     def remote_root(self) -> str:
@@ -484,7 +491,9 @@ class Actuator:
     ) -> Iterator[Realized]:
         """Build the state; undo every in-place change when the block exits."""
         try:
-            yield self._build(applied, positions, trial_dir)
+            with self._build_lock:
+                realized = self._build(applied, positions, trial_dir)
+            yield realized
         finally:
             self.restore()
 

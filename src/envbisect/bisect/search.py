@@ -71,6 +71,7 @@ from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, m
 from envbisect.metric import format_ktok
 
 __all__ = [
+    "BatchTestFn",
     "Culprit",
     "Event",
     "EventKind",
@@ -127,16 +128,22 @@ class State:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one call of the test function measured: new samples (tok/s), or a failure."""
+    """What one call of the test function measured: new samples (tok/s), or a failure.
+
+    ``worker`` names the worker that measured it, when the caller runs several.
+    """
 
     samples: tuple[float, ...] = ()
     failure: str | None = None
     # The state could not be realized as asked (e.g. "state not faithful: ..."): whatever
     # ``on_failure`` says, it is unresolved, never counted as good or bad.
     untestable: bool = False
+    worker: str | None = None
 
 
 TestFn = Callable[[State, int], Outcome]
+# Several states at once, one worker each: (state, n) pairs in, outcomes in the same order.
+BatchTestFn = Callable[[Sequence[tuple[State, int]]], Sequence[Outcome]]
 
 
 class SearchOutcome(str, Enum):
@@ -149,7 +156,11 @@ class SearchOutcome(str, Enum):
 
 @dataclass(frozen=True)
 class Trial:
-    """One measured state. ``index`` is 1-based, in the order states were first measured."""
+    """One measured state. ``index`` is 1-based, in the order states were first measured.
+
+    ``round`` is 1-based too: the states of one round were measured at the same time (with
+    one worker, every trial is its own round); ``worker`` is the worker that measured it.
+    """
 
     index: int
     state: State
@@ -158,6 +169,8 @@ class Trial:
     verdict: Verdict
     failure: str | None = None
     purpose: str = ""
+    round: int = 0
+    worker: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -168,6 +181,8 @@ class Trial:
             "verdict": self.verdict.value,
             "failure": self.failure,
             "purpose": self.purpose,
+            "round": self.round,
+            "worker": self.worker,
         }
 
 
@@ -260,9 +275,15 @@ class SearchResult:
     def samples(self) -> int:
         return sum(len(t.samples) for t in self.trials)
 
+    @property
+    def rounds(self) -> int:
+        """How many rounds of simultaneous trials the search took."""
+        return max((t.round for t in self.trials), default=0)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "outcome": self.outcome.value,
+            "rounds": self.rounds,
             "message": self.message,
             "threshold": self.threshold,
             "noise_cv": self.noise,
@@ -308,6 +329,8 @@ class _Record:
     failure: str | None = None
     verdict: Verdict = Verdict.UNRESOLVED
     untestable: bool = False
+    round: int = 0
+    worker: str | None = None
 
     def freeze(self) -> Trial:
         return Trial(
@@ -318,6 +341,8 @@ class _Record:
             verdict=self.verdict,
             failure=self.failure,
             purpose=self.purpose,
+            round=self.round,
+            worker=self.worker,
         )
 
 
@@ -355,6 +380,8 @@ class _Engine:
         on_failure: str,
         progress: Callable[[Event], None] | None,
         replay: Mapping[State, Outcome],
+        workers: int = 1,
+        test_many: BatchTestFn | None = None,
     ) -> None:
         self.units = tuple(units)
         self.rank = {u: i for i, u in enumerate(self.units)}
@@ -370,6 +397,10 @@ class _Engine:
         self.on_failure = on_failure
         self.progress = progress
         self.replay = dict(replay)
+        self.workers = workers
+        self.test_many = test_many
+        self.round = 0
+        self._speculated: list[_Record] = []  # measured ahead, judged once the endpoints are
         self.records: dict[State, _Record] = {}
         self.order: list[_Record] = []
         self.threshold: float | None = threshold
@@ -397,9 +428,36 @@ class _Engine:
 
     def _call(self, rec: _Record, n: int) -> None:
         replayed = self.replay.pop(rec.state, None)
-        out = replayed if replayed is not None else self.test(rec.state, n)
+        if replayed is None and self.test_many is not None:
+            self._call_many([(rec, n)])
+            return
+        self._take(rec, replayed if replayed is not None else self.test(rec.state, n))
+
+    def _call_many(self, calls: Sequence[tuple[_Record, int]]) -> None:
+        """Measure several states at once (one batch of the caller's workers)."""
+        pending: list[tuple[_Record, int]] = []
+        for rec, n in calls:
+            replayed = self.replay.pop(rec.state, None)
+            if replayed is not None:
+                self._take(rec, replayed)
+            else:
+                pending.append((rec, n))
+        if not pending:
+            return
+        if self.test_many is None:
+            outs: Sequence[Outcome] = [self.test(rec.state, n) for rec, n in pending]
+        else:
+            outs = self.test_many([(rec.state, n) for rec, n in pending])
+        if len(outs) != len(pending):
+            raise TypeError(f"batch test function returned {len(outs)} outcomes for {len(pending)}")
+        for (rec, _), out in zip(pending, outs, strict=True):
+            self._take(rec, out)
+
+    def _take(self, rec: _Record, out: Outcome) -> None:
         if not isinstance(out, Outcome):
             raise TypeError(f"test function returned {type(out).__name__}, not Outcome")
+        if rec.worker is None:
+            rec.worker = out.worker
         good = [float(x) for x in out.samples if math.isfinite(float(x))]
         rec.samples.extend(good)
         if out.untestable:
@@ -446,22 +504,74 @@ class _Engine:
             return Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
         return self._judge().verdict(rec.samples)
 
-    def _start(self, state: State, purpose: str, n: int) -> _Record:
+    def _new(self, state: State, purpose: str) -> _Record:
         if self.max_trials is not None and len(self.order) >= self.max_trials:
             raise _Stop
-        rec = _Record(index=len(self.order) + 1, state=state, purpose=purpose)
+        rec = _Record(index=len(self.order) + 1, state=state, purpose=purpose, round=self.round)
         self.records[state] = rec
         self.order.append(rec)
         self._emit(
             EventKind.TRIAL_STARTED, f"trial {rec.index}: {state.describe()} ({purpose})", rec
         )
+        return rec
+
+    def _start(self, state: State, purpose: str, n: int) -> _Record:
+        self.round += 1
+        rec = self._new(state, purpose)
         self._call(rec, n)
         return rec
+
+    def _start_round(
+        self,
+        requests: Sequence[tuple[State, str]],
+        n: int,
+        speculative: Sequence[tuple[State, str]] = (),
+    ) -> list[_Record]:
+        """Start distinct, unmeasured states together as one round: as many of the first
+        of them as there are workers (a state replayed from an earlier session takes none)
+        and trials left in the budget, then the ``speculative`` ones (``repeats`` samples
+        each; a worker that is done takes the next). With one worker, exactly ``_start``
+        one after the other, and no speculation."""
+        if self.workers == 1:
+            return [self._start(state, purpose, n) for state, purpose in requests]
+        left = None if self.max_trials is None else self.max_trials - len(self.order)
+        if left is not None and left <= 0:
+            raise _Stop
+        room, take = self.workers, 0
+        for state, _ in requests:
+            if take == len(requests) or (left is not None and take >= left) or room == 0:
+                break
+            take += 1
+            if state not in self.replay:
+                room -= 1
+        extra = [(s, p) for s, p in speculative if s not in self.records]
+        if left is not None:
+            extra = extra[: max(0, left - take)]
+        self.round += 1
+        batch = [self._new(state, purpose) for state, purpose in requests[:take]]
+        spec = [self._new(state, purpose) for state, purpose in extra]
+        self._call_many([(r, n) for r in batch] + [(r, self.repeats) for r in spec])
+        self._speculated.extend(spec)
+        return batch
 
     def _more(self, rec: _Record) -> None:
         n = min(2, self.max_samples - len(rec.samples))
         self._emit(EventKind.MORE_SAMPLES, f"trial {rec.index}: {n} more sample(s)", rec)
         self._call(rec, n)
+
+    def _more_many(self, recs: Sequence[_Record]) -> None:
+        """More samples of several trials, each on its own worker at the same time."""
+        if self.workers == 1:
+            for rec in recs:
+                self._more(rec)
+            return
+        calls = []
+        for rec in recs:
+            n = min(2, self.max_samples - len(rec.samples))
+            self._emit(EventKind.MORE_SAMPLES, f"trial {rec.index}: {n} more sample(s)", rec)
+            calls.append((rec, n))
+        for i in range(0, len(calls), self.workers):
+            self._call_many(calls[i : i + self.workers])
 
     def _finish(self, rec: _Record) -> Verdict:
         rec.verdict = self._decide(rec)
@@ -493,6 +603,30 @@ class _Engine:
             self._more(rec)
         return self._finish(rec)
 
+    def measure_many(self, requests: Sequence[tuple[State, str]]) -> list[Verdict]:
+        """Verdicts on several states, the unmeasured ones measured together (one round per
+        ``workers`` of them, never the same state twice)."""
+        fresh: list[tuple[State, str]] = []
+        for state, purpose in requests:
+            if state not in self.records and all(state != s for s, _ in fresh):
+                fresh.append((state, purpose))
+        while self.workers > 1 and len(fresh) > 1:
+            recs = self._start_round(fresh, self.repeats)
+            fresh = fresh[len(recs) :]
+            while True:
+                judge = self._judge()
+                more = [
+                    r
+                    for r in recs
+                    if not r.failure and judge.needs_more(r.samples, self.max_samples)
+                ]
+                if not more:
+                    break
+                self._more_many(more)
+            for rec in recs:
+                self._finish(rec)
+        return [self.measure(state, purpose) for state, purpose in requests]
+
     def trial(self, state: State) -> Trial:
         return self.records[state].freeze()
 
@@ -502,8 +636,11 @@ class _Engine:
         """Measure ∅ and the full set; return why the regression is not reproduced, or None."""
         n0 = max(3, self.repeats)
         self._emit(EventKind.PHASE, "measuring the endpoints")
-        good = self._start(State.of(()), "endpoint: good", n0)
-        bad = self._start(State.of(self.all), "endpoint: bad", n0)
+        good, bad = self._start_round(
+            [(State.of(()), "endpoint: good"), (State.of(self.all), "endpoint: bad")],
+            n0,
+            speculative=self._first_split(),
+        )
         unfaithful = [(name, r) for name, r in (("good", good), ("bad", bad)) if r.untestable]
         if unfaithful:
             for r in (good, bad):
@@ -537,8 +674,7 @@ class _Engine:
             growable = [r for r in growable if not r.failure and len(r.samples) < self.max_samples]
             if not growable:
                 break
-            for r in growable:
-                self._more(r)
+            self._more_many(growable)
         good.verdict, bad.verdict = gv, bv
         self._finish_endpoint(good)
         self._finish_endpoint(bad)
@@ -625,10 +761,17 @@ class _Engine:
                 self.too_noisy = len(noisy)
                 return passing, failing
             self._estimate(len(delta))
+            if self.workers > 1 and n == 2:
+                moved = self._split_round(passing, failing, delta, purpose, noisy)
+                if moved is not None:
+                    passing, failing = moved
+                    continue
             n = min(n, len(delta))
             parts = [
                 frozenset(delta[i * len(delta) // n : (i + 1) * len(delta) // n]) for i in range(n)
             ]
+            if self.workers > 1:
+                self._prefetch(passing, failing, parts, purpose)
             # Lazy dd: act on the first conclusive test. Testing passing ∪ Δi, then
             # failing \ Δi (the "+/-" of dd) means any conclusive verdict narrows the pair.
             step = None
@@ -656,8 +799,92 @@ class _Engine:
                 return passing, failing
             n = min(2 * n, len(delta))
 
+    def _chain(
+        self, passing: frozenset[str], failing: frozenset[str], delta: list[str]
+    ) -> list[frozenset[str]]:
+        """``passing``, the k nested states of a k-ary split of ``delta``, ``failing``."""
+        k = min(self.workers, len(delta) - 1)
+        cuts = [(j * len(delta)) // (k + 1) for j in range(1, k + 1)]
+        return [passing, *(passing | frozenset(delta[:c]) for c in cuts), failing]
+
+    def _first_split(self) -> list[tuple[State, str]]:
+        """The first k-ary split's states, measured speculatively with the endpoints (as
+        Pinpoint does): a worker done with the good state takes them while the full set
+        runs, and they are needed whenever the endpoints come out as expected."""
+        if self.workers == 1 or len(self.units) < 2:
+            return []
+        chain = self._chain(frozenset(), self.all, self._sorted(self.units))
+        return [(State.of(s), "isolate (speculative)") for s in chain[1:-1]]
+
+    def _settle_speculated(self, reproduced: bool) -> None:
+        """Judge the states measured with the endpoints (more samples only when the search
+        goes on)."""
+        recs, self._speculated = self._speculated, []
+        if reproduced:
+            while True:
+                judge = self._judge()
+                more = [
+                    r
+                    for r in recs
+                    if not r.failure and judge.needs_more(r.samples, self.max_samples)
+                ]
+                if not more:
+                    break
+                self._more_many(more)
+        for rec in recs:
+            self._finish(rec)
+
+    def _split_round(
+        self,
+        passing: frozenset[str],
+        failing: frozenset[str],
+        delta: list[str],
+        purpose: str,
+        noisy: set[State],
+    ) -> tuple[frozenset[str], frozenset[str]] | None:
+        """One round of k-ary splitting with k workers: cut ``delta`` into k + 1 parts and
+        measure the k nested states ``passing`` + the first j parts at once. The last good
+        one before the first bad one is the new pair (one culprit among N: ⌈log_{k+1} N⌉
+        rounds). None when every state of the round was unresolved."""
+        chain = self._chain(passing, failing, delta)
+        verdicts = self.measure_many([(State.of(s), purpose) for s in chain[1:-1]])
+        marks = [Verdict.GOOD, *verdicts, Verdict.BAD]
+        for state, v in zip(chain[1:-1], verdicts, strict=True):
+            if v is Verdict.UNRESOLVED and not self.records[State.of(state)].failure:
+                noisy.add(State.of(state))
+        hi = marks.index(Verdict.BAD)
+        lo = max(i for i in range(hi) if marks[i] is Verdict.GOOD)
+        if (lo, hi) == (0, len(chain) - 1):
+            return None
+        return chain[lo], chain[hi]
+
+    def _prefetch(
+        self,
+        passing: frozenset[str],
+        failing: frozenset[str],
+        parts: list[frozenset[str]],
+        purpose: str,
+    ) -> None:
+        """Measure dd's next states in rounds of ``workers``, in the order the lazy loop
+        tests them, until one is conclusive (the loop then reads them from the cache)."""
+        states = [State.of(s) for part in parts for s in (passing | part, failing - part)]
+        i = 0
+        while i < len(states):
+            batch: list[State] = []
+            while i < len(states) and len(batch) < self.workers:
+                if states[i] not in self.records and states[i] not in batch:
+                    batch.append(states[i])
+                i += 1
+            self.measure_many([(st, purpose) for st in batch])
+            if any(self.records[st].verdict is not Verdict.UNRESOLVED for st in states[:i]):
+                return
+
     def _estimate(self, delta: int) -> None:
         ordered = max((_log2ceil(len(v) + 1) for v in self.ordered.values()), default=0)
+        if self.workers > 1:
+            rounds = math.ceil(math.log(delta, self.workers + 1)) if delta > 1 else 0
+            self.left = (rounds + 1) * self.workers + ordered
+            return
         self.left = _log2ceil(delta) + 2 + ordered
 
     def find_core(self, bad: frozenset[str]) -> frozenset[str]:
@@ -675,9 +902,27 @@ class _Engine:
             key=len,
             default=frozenset(),
         )
+        end: frozenset[str] | None = None
+        if self.workers > 1:
+            # States measured speculatively along with the endpoints: the smallest one above
+            # `start` measured bad narrows the first pair further.
+            end = min(
+                (
+                    r.state.applied
+                    for r in self.order
+                    if r.verdict is Verdict.BAD
+                    and not r.state.positions
+                    and start < r.state.applied <= bad
+                ),
+                key=len,
+                default=None,
+            )
         while True:
-            passing, failing = self.dd(core | start, core | pool, "isolate")
+            passing, failing = self.dd(
+                core | start, core | (end if end is not None else pool), "isolate"
+            )
             start = frozenset()
+            end = None
             delta = failing - passing
             if len(delta) != 1 and self.too_noisy:
                 raise _Ambiguous(
@@ -700,6 +945,12 @@ class _Engine:
             self.candidates = core | rest  # until `core` alone is shown slow
             if not rest:
                 return core  # `failing` is exactly the core, measured bad
+            if self.workers > 1:
+                # The two confirmations in one round (the second is wasted if the core
+                # turns out to need more units).
+                self.measure_many(
+                    [(State.of(core), "confirm: alone"), (State.of(bad - core), "confirm: without")]
+                )
             v = self.measure(State.of(core), "confirm: alone")
             if v is Verdict.BAD:
                 return core
@@ -764,6 +1015,30 @@ class _Engine:
             choices = [p for p in range(lo + 1, hi) if p not in skipped]
             if not choices:
                 break
+            if self.workers > 1 and len(choices) > 1:
+                # k-ary: k items spread over the range, measured together.
+                self.left = math.ceil(math.log(len(choices) + 1, self.workers + 1))
+                m = min(self.workers, len(choices))
+                points = [choices[(i + 1) * len(choices) // (m + 1)] for i in range(m)]
+                verdicts = self.measure_many([(state_at(p), f"narrow: {unit}") for p in points])
+                skipped.update(
+                    p for p, v in zip(points, verdicts, strict=True) if v is Verdict.UNRESOLVED
+                )
+                hi = min(
+                    [p for p, v in zip(points, verdicts, strict=True) if v is Verdict.BAD],
+                    default=hi,
+                )
+                lo = max(
+                    [
+                        lo,
+                        *(
+                            p
+                            for p, v in zip(points, verdicts, strict=True)
+                            if v is Verdict.GOOD and p < hi
+                        ),
+                    ]
+                )
+                continue
             self.left = _log2ceil(len(choices) + 1)
             p = min(choices, key=lambda q: (abs(q - mid), q))
             v = self.measure(state_at(p), f"narrow: {unit}")
@@ -788,6 +1063,7 @@ class _Engine:
 
     def run(self) -> SearchResult:
         why = self.endpoints()
+        self._settle_speculated(why is None)
         if why is not None:
             outcome = SearchOutcome.UNFAITHFUL if self.unfaithful else SearchOutcome.NOT_REPRODUCED
             return self._result(outcome, why, candidates=())
@@ -940,6 +1216,8 @@ def search(
     progress: Callable[[Event], None] | None = None,
     replay: Mapping[State, Outcome] | None = None,
     threshold_fraction: float | None = None,
+    workers: int = 1,
+    test_many: BatchTestFn | None = None,
 ) -> SearchResult:
     """Find the unit(s) whose application turns the good state slow.
 
@@ -957,7 +1235,14 @@ def search(
     states measured in an earlier, interrupted session; used instead of calling ``test``.
     ``threshold_fraction`` (instead of ``threshold``): slow means below this fraction of the
     good endpoint's median.
+    ``workers``: how many states may be measured at the same time (k); with k > 1 the
+    search proposes up to k states per round — both endpoints together, k-ary splits, both
+    confirmations together, k commits at a time — and ``test_many([(state, n), ...])``
+    measures them (default: ``test`` on each in turn). With k = 1 the search is exactly
+    the sequential one.
     """
+    if workers < 1:
+        raise ValueError("workers must be at least 1")
     ordered = dict(ordered or {})
     _validate(units, threshold, repeats, max_samples, max_trials, ordered, on_failure)
     if threshold_fraction is not None and (threshold is not None or not 0 < threshold_fraction < 1):
@@ -975,6 +1260,8 @@ def search(
         progress=progress,
         replay=replay or {},
         threshold_fraction=threshold_fraction,
+        workers=workers,
+        test_many=test_many,
     )
     try:
         return engine.run()

@@ -85,6 +85,8 @@ class TrialRecord:
     log_dir: str
     notes: tuple[str, ...] = ()
     untestable: bool = False  # not realized as asked (e.g. "state not faithful: ...")
+    worker: str | None = None  # the worker that measured it, when several ran
+    round: int | None = None  # the search's round, when known
 
     @classmethod
     def from_event(cls, ev: dict[str, Any]) -> TrialRecord:
@@ -98,6 +100,8 @@ class TrialRecord:
             log_dir=str(ev.get("log_dir") or ""),
             notes=tuple(ev.get("notes") or ()),
             untestable=bool(ev.get("untestable")),
+            worker=ev.get("worker"),
+            round=ev.get("round"),
         )
 
     def merged(self, more: TrialRecord) -> TrialRecord:
@@ -110,6 +114,8 @@ class TrialRecord:
             failure=more.failure or self.failure,
             notes=tuple(dict.fromkeys(self.notes + more.notes)),
             untestable=self.untestable or more.untestable,
+            worker=self.worker or more.worker,
+            round=self.round if self.round is not None else more.round,
         )
 
     def as_event(self) -> dict[str, Any]:
@@ -124,6 +130,8 @@ class TrialRecord:
             "log_dir": self.log_dir,
             "notes": list(self.notes),
             "untestable": self.untestable,
+            **({"worker": self.worker} if self.worker is not None else {}),
+            **({"round": self.round} if self.round is not None else {}),
         }
 
 

@@ -58,6 +58,14 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "--resume", is_flag=True, help="Continue the session (after an interruption, or to add trials)."
 )
 @click.option("--fresh", is_flag=True, help="Replace an earlier session's history with a new run.")
+@click.option(
+    "--workers",
+    "workers_opt",
+    metavar="N|auto",
+    help="Measure N states at once, one per GPU of the target (CUDA_VISIBLE_DEVICES); "
+    "'auto': one per visible GPU; on a host without GPUs, N workers pinned to their own "
+    "cores (default: workers: in envbisect.yaml, else one).",
+)
 @click.option("--json", "json_path", metavar="PATH", help="Write the result as JSON ('-': stdout).")
 @click.option("--report", "report_path", metavar="PATH", help="Write a markdown report.")
 @metric_regex_option
@@ -76,6 +84,7 @@ def command(
     session_dir: str | None,
     resume: bool,
     fresh: bool,
+    workers_opt: str | None,
     json_path: str | None,
     report_path: str | None,
     metric_regex: str | None,
@@ -94,6 +103,7 @@ def command(
     culprit, 2 bad input, 130 interrupted (resume with --resume; clean up with reset).
     """
     from envbisect import report
+    from envbisect.bisect.workers import resolve as resolve_workers
     from envbisect.errors import UsageError
     from envbisect.manifest import atomic_write_text
     from envbisect.runner import RunOptions, run_bisect, validate_options
@@ -109,6 +119,13 @@ def command(
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
+    workers = resolve_workers(
+        workers_opt,
+        config,
+        transport=transport,
+        python=py,
+        log_dir=session_root(config, session_dir).parent / "probe",
+    )
     options = RunOptions(
         good=good_path.absolute(),
         bad=Path(bad).absolute() if bad else None,
@@ -128,6 +145,7 @@ def command(
         on_crash=on_crash,
         config=config,
         cwd=Path.cwd(),
+        workers=workers,
     )
     validate_options(options)
     goal = threshold.describe()
