@@ -32,7 +32,7 @@ class Batches:
         for i, (state, n) in enumerate(calls):
             worker = self.worker_of.setdefault(state, f"w{i}")
             out = self.oracle(state, n)
-            outs.append(Outcome(out.samples, out.failure, worker))
+            outs.append(Outcome(samples=out.samples, failure=out.failure, worker=worker))
         return outs
 
 

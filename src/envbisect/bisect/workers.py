@@ -441,7 +441,7 @@ class WorkerPool:
             self.sticky[state] = name
         factor = self.factors.get(name, 1.0)
         samples = tuple(s * factor for s in out.samples) if factor != 1.0 else out.samples
-        return Outcome(samples=samples, failure=out.failure, worker=name)
+        return Outcome(samples=samples, failure=out.failure, untestable=out.untestable, worker=name)
 
 
 def cpus_of_host() -> list[int]:
