@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -220,6 +221,56 @@ def test_redacted_env_and_missing_blob_and_data_are_blocked_plainly(tmp_path: Pa
     with act2.realize(frozenset(), {}, tmp_path / "t") as state:
         assert state.map_argv(["--data", str(data)]) == ["--data", str(old)]
         assert state.env["ENVBISECT_DATA_0"] == str(old)
+
+
+def _h(value: str) -> dict[str, str]:
+    return {"redacted": hashlib.sha256(value.encode()).hexdigest()[:8]}
+
+
+def test_a_redacted_env_var_passes_through_unchanged_and_says_why(tmp_path: Path) -> None:
+    """Issue 17: trials saw X="{'redacted': '...'}" instead of the user's real token."""
+    from tests.helpers_run import manifest
+
+    real = "real-token-of-the-user"
+    good = manifest(tmp_path / "good.yaml", env={"CUDA_TOKEN_X": _h("older-token")})
+    bad = manifest(tmp_path / "bad.yaml", env={"CUDA_TOKEN_X": _h(real)})
+    act = _actuator(tmp_path, good, bad, "python3", base_env={"CUDA_TOKEN_X": real, "A": "1"})
+    unit = {u.id: u for u in act.units}["env:CUDA_TOKEN_X"]
+    assert not unit.bisectable and "redacted" in (unit.reason or "")
+    assert act.notes() == [
+        "env CUDA_TOKEN_X is a secret (redacted in the manifest): every trial passes it "
+        "through from your environment unchanged"
+    ]
+    for applied in (frozenset(), frozenset({"env:CUDA_TOKEN_X"})):
+        with act.realize(applied, {}, tmp_path / "t") as state:
+            assert state.env["CUDA_TOKEN_X"] == real
+
+
+@pytest.mark.parametrize("here", ["real-token", "another-token", None])
+def test_an_added_redacted_env_var_is_bisectable_when_the_environment_holds_it(
+    tmp_path: Path, here: str | None
+) -> None:
+    from tests.helpers_run import manifest
+
+    good = manifest(tmp_path / "good.yaml", env={})
+    bad = manifest(tmp_path / "bad.yaml", env={"HF_TOKEN": _h("real-token")})
+    base = {"A": "1"} if here is None else {"A": "1", "HF_TOKEN": here}
+    act = _actuator(tmp_path, good, bad, "python3", base_env=base)
+    blocked = act.blockers()
+    if here == "real-token":
+        assert blocked == {}
+        with act.realize(frozenset(), {}, tmp_path / "t") as state:
+            assert "HF_TOKEN" not in state.env
+        with act.realize(frozenset({"env:HF_TOKEN"}), {}, tmp_path / "t") as state:
+            assert state.env["HF_TOKEN"] == "real-token"
+        return
+    assert blocked["env:HF_TOKEN"] == (
+        "env HF_TOKEN: the bad value is a secret, redacted in the manifest, and HF_TOKEN here "
+        "is not that value, so it cannot be set; every trial passes HF_TOKEN through from "
+        "your environment unchanged"
+    )
+    with act.realize(frozenset(), {}, tmp_path / "t") as state:
+        assert state.env.get("HF_TOKEN") == here
 
 
 def test_caches_warm_is_a_copy_cold_is_empty_and_the_users_cache_is_untouched(

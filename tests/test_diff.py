@@ -270,6 +270,18 @@ def test_env_added_while_good_is_redacted_elsewhere_is_bisectable() -> None:
     assert result.unit("env:NEW").bisectable
 
 
+def test_a_plain_secret_in_an_older_manifest_is_shown_and_treated_as_redacted() -> None:
+    token = "ghp_" + "0lderT0ken" * 4
+    good = make(env={"HF_TOKEN": "plain-old-secret", "TORCH_NOTE": "x"})
+    bad = make(env={"HF_TOKEN": _h("new"), "TORCH_NOTE": token})
+    result = diff_manifests(good, bad)
+    note = result.unit("env:TORCH_NOTE").changes[0]
+    assert note.old == "x" and note.new["reason"] == "value holds a GitHub token"
+    hf = result.unit("env:HF_TOKEN")
+    assert hf.changes[0].old == _h("plain-old-secret") and not hf.bisectable
+    assert token not in repr(result.as_dict()) and "plain-old-secret" not in repr(result.as_dict())
+
+
 # --------------------------------------------------------------------------- other rules
 
 

@@ -1,17 +1,23 @@
 """The redaction rules (envbisect.agent.redact): secret names, token shapes, harmless values.
 
-Many examples at the function level here; the end-to-end version (real snapshot/diff/run
-writing real files) lives in test_redact_e2e.py.
+Many examples at the function level; a few end to end (real ``snapshot``, ``diff`` and
+``run`` writing real files, every one of which is then searched for the planted secrets).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import string
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+import yaml
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from envbisect.agent.redact import (
@@ -19,6 +25,7 @@ from envbisect.agent.redact import (
     find_secrets,
     is_redacted,
     is_secret_name,
+    redact_argv,
     redact_env,
     redact_env_mapping,
     redact_text,
@@ -85,7 +92,8 @@ TOKENS = st.one_of(
 )
 
 # A password of no particular shape: secret only by where it sits.
-PASSWORD = _chars(ALNUM + "!$%*+^~", 14)
+# The fixed tail keeps it from being a word that a manifest holds anyway ("implementation").
+PASSWORD = st.builds(lambda s: f"{s}!7Qz", _chars(ALNUM + "$%*+^~", 10))
 
 # Harmless pieces around a secret, joined by separators a real value uses.
 PIECES = st.sampled_from(
@@ -282,7 +290,7 @@ def test_by_name_keeps_the_hash_form_only() -> None:
 
 def test_by_shape_says_why_and_masks_the_rest() -> None:
     entry = redact_env("NCCL_NET_OPTS", "a=1,token=abc:def,b=2")
-    assert entry["reason"] == "value holds the value of token= (a secret name)"
+    assert entry["reason"] == "value holds a secret after token="
     assert entry["masked"] == "a=1,token=<redacted>,b=2"
     whole = redact_env("OMP_X", "sk-proj-" + "Ab3_" * 12)
     assert whole["reason"] == "value holds an API key (sk-...)"
@@ -307,3 +315,85 @@ def test_text_redaction_in_prose_and_commands() -> None:
     out = redact_text(text)
     assert "abc123" not in out and token not in out and "s3cr3t" not in out
     assert out.count(PLACEHOLDER) == 3
+
+
+def test_argv_words_after_a_secret_option_are_redacted() -> None:
+    argv = ["train.py", "--token", "abc123", "--lr", "0.1", "--password=s3cr3t", "-k", "x"]
+    assert redact_argv(argv) == [
+        "train.py", "--token", PLACEHOLDER, "--lr", "0.1", f"--password={PLACEHOLDER}", "-k", "x"
+    ]  # fmt: skip
+    assert redact_tree({"smoke": argv})["smoke"][2] == PLACEHOLDER  # type: ignore[index]
+    # shlex.join quotes what a shell would expand: the value still goes.
+    quoted = "envbisect run -- python train.py --api-key 'ab$c9' --hf-token \"xyz987\""
+    assert redact_text(quoted) == (
+        "envbisect run -- python train.py --api-key '<redacted>' --hf-token \"<redacted>\""
+    )
+
+
+# -- end to end: real snapshot, diff and run write no planted secret anywhere --------------
+
+PY = sys.executable
+RESULT_LINE = 'print(\'ENVBISECT_RESULT {"ok": true, "tok_per_s": 5000}\')'
+SECRET_NAMES = st.sampled_from(["GITHUB_PAT", "CUDA_PAT", "NCCL_IB_KEY", "HF_TOKEN", "DB_PWD"])
+E2E_CASE = st.one_of(
+    st.tuples(PLAIN_NAMES, planted()),
+    st.tuples(SECRET_NAMES, PASSWORD.map(lambda p: (p, p))),
+)
+
+
+def _cli(*argv: str) -> Any:
+    from click.testing import CliRunner
+
+    from envbisect.cli import cli
+
+    return CliRunner().invoke(cli, list(argv), standalone_mode=False, catch_exceptions=False)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=3,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # shrinking whole CLI runs takes minutes
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(cases=st.lists(E2E_CASE, min_size=4, max_size=8, unique_by=lambda c: c[0]))
+def test_no_planted_secret_reaches_any_file_the_commands_write(
+    tmp_path_factory: pytest.TempPathFactory, cases: list[tuple[str, tuple[str, str]]]
+) -> None:
+    root = tmp_path_factory.mktemp("planted")
+    planted_env = {name: value for name, (value, _secret) in cases}
+    secrets = [secret for _name, (_value, secret) in cases]
+    config = root / "envbisect.yaml"
+    config.write_text(
+        json.dumps({"env": sorted(planted_env), "manifests_dir": str(root / "manifests")})
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in planted_env}
+    with mock.patch.dict(os.environ, clean, clear=True):
+        good = _cli("snapshot", "--config", str(config), "--python", PY, "--label", "good")
+        assert good.return_value == 0, good.output
+    with mock.patch.dict(os.environ, planted_env):
+        bad = _cli("snapshot", "--config", str(config), "--python", PY, "--label", "bad")
+        assert bad.return_value == 0, bad.output
+        good_path, bad_path = good.stdout.strip(), bad.stdout.strip()
+        for fmt in ("table", "markdown", "json", "yaml"):
+            shown = _cli("diff", good_path, bad_path, "--format", fmt)
+            assert shown.return_value == 1, shown.output  # different
+            (root / f"diff.{fmt}").write_text(shown.output)
+        ran = _cli(
+            "run", "--config", str(config), "--python", PY, "--good", good_path,
+            "--session", str(root / "session"), "--json", str(root / "run.json"),
+            "--report", str(root / "report.md"), "--until-ktoks", "1",
+            "--", PY, "-c", RESULT_LINE, "--api-key", secrets[0],
+        )  # fmt: skip
+        (root / "run.out").write_text(ran.output)
+        # Same speed on both sides: "not reproduced", after both endpoints ran.
+        assert ran.return_value == 1, ran.output
+        assert len(json.loads((root / "run.json").read_text())["trials"]) == 2
+    assert (root / "session" / "bad.yaml").exists() and (root / "session" / "trials").is_dir()
+    env = yaml.safe_load(Path(bad_path).read_text())["env"]
+    assert all(is_redacted(env[name]) for name in planted_env)
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for secret in secrets:
+                assert secret.encode() not in data, (path, secret)

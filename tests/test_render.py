@@ -97,6 +97,19 @@ def test_secrets_never_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
         assert "<redacted>" in text
 
 
+def test_no_format_shows_a_secret_a_hand_written_manifest_holds_outside_env() -> None:
+    token = "hf_" + "HandWrittenToken" * 2 + "ab"
+    url = "https://alice:pw-9!x@mirror.example.invalid/simple"
+    good = manifest.Manifest(sections={"meta": {"label": "g"}, "site": {"index": "a", "t": "b"}})
+    bad = manifest.Manifest(sections={"meta": {"label": "b"}, "site": {"index": url, "t": token}})
+    result = diff_manifests(good, bad)
+    assert token in repr(result.as_dict())  # the diff keeps what the manifest says...
+    for fmt in FORMATS:  # ...no rendering of it shows it
+        text = render(result, fmt)
+        assert token not in text and "pw-9!x" not in text
+        assert "mirror.example.invalid/simple" in text
+
+
 @pytest.mark.parametrize(
     ("value", "shown"),
     [

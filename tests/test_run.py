@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -378,6 +379,54 @@ def test_env_culprit_through_a_layer_chain(tmp_path: Path) -> None:
     assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert f"files:{sc.loose}" not in doc.get("not_bisected", {})
     assert sc.fingerprint() == before
+
+
+# A job that needs its token: it fails auth unless CUDA_TOKEN_X is the user's real one
+# (compared by hash, so the token itself is in no file of the test either).
+NEEDS_TOKEN = r"""
+import hashlib, os, runpy, sys
+got = os.environ.get("CUDA_TOKEN_X", "")
+if hashlib.sha256(got.encode()).hexdigest()[:8] != sys.argv[1]:
+    raise SystemExit("auth failed: CUDA_TOKEN_X is not the real token")
+runpy.run_path(sys.argv[2], run_name="__main__")
+"""
+
+
+def _hash8(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()[:8]
+
+
+@pytest.mark.parametrize("via", [(), ("--via", "env")], ids=["local", "via"])
+def test_a_redacted_token_reaches_every_trial_as_the_users_real_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via: tuple[str, ...]
+) -> None:
+    """Issue 17: every trial saw CUDA_TOKEN_X="{'redacted': ...}" and failed auth."""
+    sc = Scenario(tmp_path)
+    sc.venv()
+    real = "ghp_" + "R3alT0ken" * 4
+    monkeypatch.setenv("CUDA_TOKEN_X", real)
+    sc.write(
+        good={"env": {"CUDA_TOKEN_X": {"redacted": _hash8("ghp_" + "0ld" * 12)}}},
+        bad={"env": {"CUDA_TOKEN_X": {"redacted": _hash8(real)}, "EB_SLOW": "8"}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    job = tmp_path / "job.py"
+    job.write_text(NEEDS_TOKEN)
+    smoke = (sys.executable, str(job), _hash8(real), str(sc.repo / "train.py"))
+    res, doc = _run_cli(sc, *via, smoke=smoke)
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    assert all(t["failure"] is None for t in doc["trials"]), doc["trials"]
+    note = (
+        "env CUDA_TOKEN_X is a secret (redacted in the manifest): every trial passes it "
+        "through from your environment unchanged"
+    )
+    assert note in doc["notes"] and note in res.stderr
+    assert "not bisected: env CUDA_TOKEN_X: the good value is redacted" in res.stderr
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            assert real.encode() not in path.read_bytes(), path
 
 
 @pytest.mark.parametrize("on_crash", ["bad", "skip"])

@@ -128,3 +128,12 @@ def test_later_sample_batches_of_a_state_are_one_trial(tmp_path: Path) -> None:
     assert trials[0].samples == (10.0, 11.0, 12.0) and trials[0].failure == "timeout"
     s.append({"type": "verdict", "index": 1, "verdict": "bad", "median": 11.0, "outlier": None})
     assert s.verdicts()[1]["verdict"] == "bad"
+
+
+def test_the_log_never_holds_a_secret_from_a_command_line_or_a_message(tmp_path: Path) -> None:
+    token = "sk-proj-" + "SessionSecret0" * 3
+    session = Session.start(tmp_path / "s", {"smoke": ["train.py", "--api-key", "pw-9!x"]})
+    session.append({"type": "end", "outcome": "error", "message": f"auth failed for {token}"})
+    text = session.log_path.read_text()
+    assert token not in text and "pw-9!x" not in text
+    assert session.header()["smoke"] == ["train.py", "--api-key", "<redacted>"]

@@ -10,7 +10,9 @@ entries stay in ``DiffResult.good`` / ``DiffResult.bad``):
 - ``files``: the sha256; ``git``: ``head (branch)`` plus ``+uncommitted <hash>`` when dirty;
   ``data``: records and size; ``caches``: ``N files, SIZE`` / ``empty`` / ``missing``;
 - ``env``: the value, or ``{"redacted": hex}``: redacted values compare by their hash only
-  (a plain value on one side is hashed and compared to the other side's prefix);
+  (a plain value on one side is hashed and compared to the other side's prefix). A plain
+  value that a snapshot would redact today (an older or hand-written manifest) is shown
+  redacted too, by the same rules (``envbisect.agent.redact``), and treated as redacted;
 - ``probes``: the status (``original`` / ``patched`` / ``missing``);
 - ``system`` / ``python`` / ``torch`` / ``gpu``: the scalar value (GPU devices as a summary).
 
@@ -54,6 +56,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from envbisect.agent.redact import is_redacted, redact_env
 from envbisect.errors import ManifestError, UsageError
 from envbisect.manifest import Manifest
 
@@ -566,7 +569,11 @@ def _diff_caches(
 
 
 def _is_redacted(value: Any) -> bool:
-    return isinstance(value, dict) and "redacted" in value
+    return is_redacted(value)
+
+
+def _env_shown(name: str, value: Any) -> Any:
+    return redact_env(name, value) if isinstance(value, str) else value
 
 
 def _env_equal(old: Any, new: Any) -> bool:
@@ -585,6 +592,7 @@ def _diff_env(g: Mapping[str, Any], b: Mapping[str, Any]) -> Iterator[_Found]:
         if name in g and name in b and _env_equal(old, new):
             continue
         kind = ChangeKind.ADDED if name not in g else ChangeKind.REMOVED if name not in b else None
+        old, new = _env_shown(name, old), _env_shown(name, new)
         note = "redacted: compared by hash" if _is_redacted(old) or _is_redacted(new) else None
         yield Change("env", name, old, new, kind or ChangeKind.CHANGED, note), False
 

@@ -16,6 +16,7 @@ import click
 import yaml
 from tabulate import tabulate
 
+from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.diff import Change, ChangeKind, DiffResult, Unit
 
 FORMATS: tuple[str, ...] = ("table", "markdown", "json", "yaml")
@@ -45,11 +46,13 @@ _HEX = re.compile(r"^[0-9a-f]{40,64}$")
 
 
 def render(result: DiffResult, fmt: str, *, color: bool = False) -> str:
-    """The text for ``fmt`` (one of FORMATS), ending in a newline."""
+    """The text for ``fmt`` (one of FORMATS), ending in a newline. Every format passes the
+    secret-shape rules of ``envbisect.agent.redact`` (a manifest from an older envbisect, or
+    written by hand, may still hold a token in a package URL or a note)."""
     if fmt == "table":
-        return render_table(result, color=color)
+        return redact_text(render_table(result, color=color))
     if fmt == "markdown":
-        return render_markdown(result)
+        return redact_text(render_markdown(result))
     if fmt == "json":
         return render_json(result)
     if fmt == "yaml":
@@ -252,11 +255,16 @@ def render_markdown(result: DiffResult, *, embedded: bool = False) -> str:
 
 def render_json(result: DiffResult) -> str:
     """``DiffResult.as_dict()`` as indented JSON (full values, hashes unshortened)."""
-    return json.dumps(result.as_dict(), indent=2, ensure_ascii=False, default=str) + "\n"
+    doc = redact_tree(result.as_dict())
+    return json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n"
 
 
 def render_yaml(result: DiffResult) -> str:
     """``DiffResult.as_dict()`` as YAML, keys in the order they were built."""
     return yaml.safe_dump(
-        result.as_dict(), sort_keys=False, allow_unicode=True, default_flow_style=False, width=120
+        redact_tree(result.as_dict()),
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        width=120,
     )

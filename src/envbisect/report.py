@@ -1,6 +1,8 @@
 """Render bisection results: the trial table, the culprit sentence, markdown and JSON.
 
 No logic beyond formatting; the numbers come from ``runner.RunResult`` or a session log.
+Every rendered form passes the secret rules of ``envbisect.agent.redact`` (a smoke command
+or a ``--via`` layer may carry a token on its command line).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.bisect.session import Session
 from envbisect.metric import Threshold, format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
@@ -151,7 +154,8 @@ def summary_lines(result: RunResult) -> list[str]:
 
 
 def render_text(result: RunResult) -> str:
-    return "\n".join([trial_table(result.trials), "", *summary_lines(result)]) + "\n"
+    text = "\n".join([trial_table(result.trials), "", *summary_lines(result)]) + "\n"
+    return redact_text(text)
 
 
 def reproduce_command(result: RunResult) -> str:
@@ -260,7 +264,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
 
 
 def render_json(result: RunResult) -> str:
-    return json.dumps(as_json(result), indent=2, sort_keys=False) + "\n"
+    return json.dumps(redact_tree(as_json(result)), indent=2, sort_keys=False) + "\n"
 
 
 _PURPOSE = {
@@ -358,7 +362,7 @@ def render_markdown(result: RunResult) -> str:
     if nxt:
         lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
     lines += ["### Reproduce", "", "```", reproduce_command(result), "```", ""]
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))
 
 
 def session_rows(session: Session) -> list[TrialRow]:
@@ -416,7 +420,7 @@ def log_table(session: Session) -> str:
         lines.append(f"ended: {end.get('outcome')}: {end.get('message') or ''}".rstrip(": "))
     elif not session.finished():
         lines.append("unfinished: continue with 'envbisect run --resume'")
-    return "\n".join(lines) + "\n"
+    return redact_text("\n".join(lines) + "\n")
 
 
 def _rounds(rows: Sequence[TrialRow]) -> str:

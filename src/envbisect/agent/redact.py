@@ -25,6 +25,7 @@ The public functions:
   reading).
 - :func:`redact_env_mapping` — the same for a whole environment (e.g. a trial's env diff).
 - :func:`redact_text` — free text with every secret-shaped span replaced by ``<redacted>``.
+- :func:`redact_argv` — the same for a command line given as words.
 - :func:`redact_tree` — :func:`redact_text` on every string of a JSON-like structure.
 """
 
@@ -108,19 +109,21 @@ _SHAPE_RE = re.compile(
 # lookahead so that "a=1:token=x" still finds token=.
 _PAIR_RE = re.compile(
     r"(?<![A-Za-z0-9_])(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]*="
-    r"(?=[ \t]*(?P<value>[^\s,;&\"'<>\\]+))"
+    r"(?=[ \t]*[\"']?(?P<value>[^\s,;&\"'<>\\]+))"
 )
+# A quote may open the value: shlex.join writes --password 'a b$c'.
 _OPTION_RE = re.compile(
     r"(?<!\S)--?(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)"
-    r"(?=[ \t]+(?P<value>[^\s\-\"'<>\\][^\s\"'<>\\]*))"
+    r"(?=[ \t]+[\"']?(?P<value>[^\s\-\"'<>\\][^\s\"'<>\\]*))"
 )
+_OPTION_WORD = re.compile(r"--?(?P<name>[A-Za-z][A-Za-z0-9_.\-]*)")
 
 
 def _pair_reason(name: str, regex: re.Pattern[str]) -> str:
     # The name goes into the reason only when it cannot itself be the secret.
     if len(name) > 24 or _SHAPE_RE.search(name):
-        return "a value under a secret name"
-    return f"the value of {name}{'=' if regex is _PAIR_RE else ''} (a secret name)"
+        return "a secret after a secret-named key"
+    return f"a secret after {name}=" if regex is _PAIR_RE else f"a secret after --{name}"
 
 
 def find_secrets(text: str) -> list[tuple[int, int, str]]:
@@ -203,12 +206,27 @@ def is_redacted(value: object) -> bool:
     return isinstance(value, dict) and "redacted" in value
 
 
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """An argv with every word redacted (:func:`redact_text`), and the word after an option
+    named like a secret (``--token``, ``-password``) replaced by ``<redacted>``."""
+    out = []
+    secret_next = False
+    for word in argv:
+        out.append(PLACEHOLDER if secret_next else redact_text(word))
+        option = None if secret_next else _OPTION_WORD.fullmatch(word)
+        secret_next = option is not None and is_secret_name(option.group("name"))
+    return out
+
+
 def redact_tree(obj: object) -> object:
-    """:func:`redact_text` applied to every string (keys too) of a JSON-like structure."""
+    """:func:`redact_text` applied to every string (keys too) of a JSON-like structure;
+    lists of strings are treated as argv (:func:`redact_argv`)."""
     if isinstance(obj, str):
         return redact_text(obj)
     if isinstance(obj, dict):
         return {redact_tree(k): redact_tree(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
+        if obj and all(isinstance(v, str) for v in obj):
+            return redact_argv(obj)
         return [redact_tree(v) for v in obj]
     return obj

@@ -29,7 +29,11 @@ files
     trial.
 env
     The per-trial environment: each env unit's variable set to the state's value, or unset.
-    Redacted values cannot be realized: such a unit is not bisectable.
+    A redacted value (a secret: the manifest holds only its hash) cannot be set. The variable
+    is then passed through from the environment envbisect runs in, unchanged in every trial;
+    the unit is bisectable only when that value is the redacted one of the bad state (its
+    hash matches) and the good state is unset or a plain value, otherwise it is not bisected
+    and the reason says so.
 caches
     cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR`` under the trial
     dir; warm = a copy of the recorded dir (the user's own cache is never written to).
@@ -77,6 +81,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.agent.actuate_remote import link_tree
+from envbisect.agent.redact import is_redacted
 from envbisect.bisect.session import Session
 from envbisect.errors import ActuationError, TransportError
 from envbisect.manifest import Manifest
@@ -237,12 +242,9 @@ class Actuator:
             old = self.good.section(section).get(key)
             new = self.bad.section(section).get(key)
             if section == "env":
-                for side, value in (("good", old), ("bad", new)):
-                    if isinstance(value, dict):
-                        return (
-                            f"env {key}: the {side} value is redacted in the manifest, "
-                            "so it cannot be set"
-                        )
+                why = self._env_blocker(key, old, new)
+                if why:
+                    return why
             elif section == "files":
                 for manifest, value in ((self.good, old), (self.bad, new)):
                     if value is None or self._sha_of(key) == value.get("sha256"):
@@ -404,7 +406,11 @@ class Actuator:
 
     def notes(self) -> list[str]:
         """Caveats about the run as a whole (printed once at the start)."""
-        out: list[str] = []
+        out: list[str] = [
+            f"env {key} is a secret (redacted in the manifest): every trial passes it "
+            "through from your environment unchanged"
+            for key in self._passed_through()
+        ]
         for unit in self.units:
             for change in unit.changes:
                 if change.section != "git":
@@ -447,6 +453,52 @@ class Actuator:
 
     # -- realizing ---------------------------------------------------------------------
 
+    def _env_blocker(self, key: str, old: Any, new: Any) -> str | None:
+        for side, value in (("good", old), ("bad", new)):
+            if not is_redacted(value) or (side == "bad" and self._env_holds(key, value)):
+                continue
+            here = "on the target" if self.remote else "here"
+            why = (
+                "so it cannot be set"
+                if side == "good"
+                else f"and {key} {here} is not that value, so it cannot be set"
+            )
+            return (
+                f"env {key}: the {side} value is a secret, redacted in the manifest, {why}; "
+                f"every trial passes {key} through from your environment unchanged"
+            )
+        return None
+
+    def _env_holds(self, key: str, value: Mapping[str, Any]) -> bool:
+        """True when the environment trials start from holds the redacted ``value``.
+
+        Remote: the far environment cannot be read here; the bad state is taken to be the
+        target as it is (as for every unit that is not bisected)."""
+        if self.remote:
+            return True
+        env = self.base_env if self.base_env is not None else os.environ
+        current = env.get(key)
+        prefix = str(value.get("redacted") or "")
+        if current is None or not prefix:
+            return False
+        digest = hashlib.sha256(current.encode("utf-8", "surrogateescape")).hexdigest()
+        return digest.startswith(prefix)
+
+    def _passed_through(self) -> list[str]:
+        """Env vars with a redacted side that no trial sets (their unit is not realized)."""
+        blocked = self._blocked_ids()
+        out = []
+        for unit in self.units:
+            if unit.bisectable is not False and unit.id not in blocked:
+                continue
+            for change in unit.changes:
+                if change.section == "env" and (
+                    is_redacted(self.good.section("env").get(str(change.key)))
+                    or is_redacted(self.bad.section("env").get(str(change.key)))
+                ):
+                    out.append(str(change.key))
+        return sorted(out)
+
     def _values(
         self, applied: frozenset[str], positions: Mapping[str, int]
     ) -> dict[tuple[str, str], Any]:
@@ -460,6 +512,8 @@ class Actuator:
                 key = str(change.key)
                 source = self.bad if on else self.good
                 if unit.bisectable is False or unit.id in self._blocked_ids():
+                    if change.section == "env":
+                        continue  # never bisected: the variable stays as the environment has it
                     source = self.bad  # never bisected: stays as the target is
                 value = source.section(change.section).get(key)
                 if on and change.section == "git" and unit.id in positions:
@@ -627,8 +681,7 @@ class Actuator:
                 env.pop(key, None)
             elif isinstance(value, str):
                 env[key] = value
-            else:
-                env[key] = str(value)
+            # else: redacted, and (see _env_blocker) the environment already holds it.
 
         # caches: every known compile cache points into the trial sandbox
         cache_values = {k: v for (s, k), (_src, v) in values.items() if s == "caches"}

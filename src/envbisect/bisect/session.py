@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect.agent.redact import redact_tree
 from envbisect.errors import SessionError
 
 LOG_NAME = "log.jsonl"
@@ -335,7 +336,9 @@ class Session:
     # -- events ------------------------------------------------------------------------
 
     def append(self, event: dict[str, Any]) -> None:
-        _append_line(self.log_path, event)
+        """Log ``event``; secret-shaped strings in it (a token in the smoke command, in a
+        failure message) are redacted first (``envbisect.agent.redact``)."""
+        _append_line(self.log_path, {k: redact_tree(v) for k, v in event.items()})
 
     def events(self) -> list[dict[str, Any]]:
         return _read_lines(self.log_path)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect import __version__
+from envbisect.agent.redact import redact_text
 from envbisect.config import Config
 from envbisect.errors import CollectError, TransportError, UsageError
 from envbisect.manifest import Manifest, atomic_write_bytes, save
@@ -90,7 +91,11 @@ def take_snapshot(
         "created": created.isoformat().replace("+00:00", "Z"),
         "tool_version": __version__,
         "host": result.get("host"),
-        "target": {"python": python, "via": [layer.describe() for layer in transport.layers]},
+        # A layer may carry a credential on its command line (env HF_TOKEN=..., a URL).
+        "target": {
+            "python": redact_text(python),
+            "via": [redact_text(layer.describe()) for layer in transport.layers],
+        },
         "elapsed_s": round(time.monotonic() - started, 3),
         "errors": errors,
     }

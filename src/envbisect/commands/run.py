@@ -103,6 +103,7 @@ def command(
     culprit, 2 bad input, 130 interrupted (resume with --resume; clean up with reset).
     """
     from envbisect import report
+    from envbisect.agent.redact import redact_text
     from envbisect.bisect.workers import resolve as resolve_workers
     from envbisect.errors import UsageError
     from envbisect.manifest import atomic_write_text
@@ -149,12 +150,15 @@ def command(
     )
     validate_options(options)
     goal = threshold.describe()
-    click.echo(
-        f"envbisect run: {goal}; smoke: {smoke.describe()}; session {options.session_dir}", err=True
-    )
+
+    # Progress is often tee'd to a file: it passes the same secret rules as the report.
+    def say(line: str) -> None:
+        click.echo(redact_text(line), err=True)
+
+    say(f"envbisect run: {goal}; smoke: {smoke.describe()}; session {options.session_dir}")
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        result = run_bisect(options, lambda line: click.echo(line, err=True))
+        result = run_bisect(options, say)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
