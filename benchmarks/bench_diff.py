@@ -11,7 +11,8 @@ Measured in this process, paired (A B A B ...), medians over --runs pairs after 
 2. load: ``manifest.load`` of both files (libyaml when PyYAML has it) vs ``yaml.load`` of the
    same two texts with the same loader (the validation overhead of manifest.load);
 3. load, JSON-encoded vs YAML: the same manifests through manifest.load's JSON fast path;
-4. render: ``render(result, "table")`` and ``render(result, "json")``.
+4. render: ``render(result, "table")`` and ``render(result, "json")``, and each against the
+   same output without the secret rules (``render_table``; ``json.dumps`` of ``as_dict()``).
 
 The whole CLI process (``envbisect diff good.yaml bad.yaml``, and the same on the .json
 files) is measured separately, from outside, on the files this script leaves with
@@ -40,7 +41,7 @@ import yaml
 from envbisect import manifest
 from envbisect.diff import diff_manifests
 from envbisect.manifest import Manifest
-from envbisect.render import render
+from envbisect.render import render, render_table
 
 N_PACKAGES, N_FILES, N_SUBDIRS = 4_000, 10_000, 6_000
 
@@ -204,6 +205,19 @@ def main() -> None:
         (
             "render table vs render json",
             *paired(lambda: render(result, "table"), lambda: render(result, "json"), args.runs),
+        ),
+        # The secret rules' cost (issue 16): each format against the same text unredacted.
+        (
+            "render table vs render_table (unredacted)",
+            *paired(lambda: render(result, "table"), lambda: render_table(result), args.runs),
+        ),
+        (
+            "render json vs json.dumps(as_dict()) (unredacted)",
+            *paired(
+                lambda: render(result, "json"),
+                lambda: json.dumps(result.as_dict(), indent=2, ensure_ascii=False, default=str),
+                args.runs,
+            ),
         ),
     ]
     version = sys.version.split()[0]
