@@ -386,9 +386,12 @@ def test_no_planted_secret_reaches_any_file_the_commands_write(
             "--", PY, "-c", RESULT_LINE, "--api-key", secrets[0],
         )  # fmt: skip
         (root / "run.out").write_text(ran.output)
-        # Same speed on both sides: "not reproduced", after both endpoints ran.
+        # Same speed on both sides: "not reproduced", after both endpoints ran -- and the
+        # bad endpoint, which passes the added secrets through, was the state it claims to be.
         assert ran.return_value == 1, ran.output
-        assert len(json.loads((root / "run.json").read_text())["trials"]) == 2
+        doc = json.loads((root / "run.json").read_text())
+        assert doc["outcome"] == "not-reproduced", ran.output
+        assert len(doc["trials"]) == 2
     assert (root / "session" / "bad.yaml").exists() and (root / "session" / "trials").is_dir()
     env = yaml.safe_load(Path(bad_path).read_text())["env"]
     assert all(is_redacted(env[name]) for name in planted_env)

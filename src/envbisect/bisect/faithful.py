@@ -22,6 +22,7 @@ list a few); the trial log's environment diff shows everything else.
 from __future__ import annotations
 
 import glob
+import hashlib
 import re
 import time
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from envbisect.agent.redact import is_redacted
 from envbisect.agent.redact import redact_env as redact_env_value
 from envbisect.errors import TransportError
 from envbisect.transport import Transport
@@ -155,10 +157,25 @@ def compare(expected: Mapping[tuple[str, str], Any], sections: Mapping[str, Any]
                 diffs.append(f"git {key} at {got}, expected {_short(want)}")
         elif section == "env":
             have = (sections.get("env") or {}).get(key)
+            if is_redacted(want):
+                # A secret the trial passed through: the environment must hold the value
+                # whose hash the manifest recorded.
+                if _env_hash(have, str(want["redacted"])) != want["redacted"]:
+                    diffs.append(f"env {key} {_env_text(have)}, expected {_env_text(want)}")
+                continue
             shown = want if want is None else redact_env_value(key, str(want))
             if have != shown:
                 diffs.append(f"env {key} {_env_text(have)}, expected {_env_text(shown)}")
     return diffs
+
+
+def _env_hash(value: Any, like: str) -> str | None:
+    """The sha256 prefix (as long as ``like``) of an env value as the collector reported it."""
+    if is_redacted(value):
+        return str(value["redacted"])[: len(like)]
+    if isinstance(value, str):
+        return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[: len(like)]
+    return None
 
 
 def _short(sha: Any) -> str | None:
