@@ -228,6 +228,7 @@ HARMLESS_NAMES = [
     "MAX_TOKENS",
     "GIT_AUTHOR_NAME",
     "KEYBOARD_LAYOUT",
+    "StrictHostKeyChecking",
 ]
 
 
@@ -382,7 +383,7 @@ def test_no_planted_secret_reaches_any_file_the_commands_write(
         ran = _cli(
             "run", "--config", str(config), "--python", PY, "--good", good_path,
             "--session", str(root / "session"), "--json", str(root / "run.json"),
-            "--report", str(root / "report.md"), "--until-ktoks", "1",
+            "--report", str(root / "report.md"), "--until-ktoks", "1k",
             "--", PY, "-c", RESULT_LINE, "--api-key", secrets[0],
         )  # fmt: skip
         (root / "run.out").write_text(ran.output)

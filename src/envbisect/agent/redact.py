@@ -44,14 +44,16 @@ _SECRET_IN_NAME = re.compile(
     r"|AUTH(?!OR(?!I))|^AWS_",
     re.IGNORECASE,
 )
-# Matched as whole words of the name (split at ``_ - .`` and camelCase): short words that are
+# Matched as whole words of the name (split at ``_ - .``): short words that are
 # harmless inside longer ones (PATH, TOKENIZERS, KEYBOARD).
 _SECRET_WORDS = frozenset({"KEY", "KEYS", "PAT", "PWD", "CREDS", "CRED", "JWT"})
 # A word that is, or ends in, TOKEN (HFTOKEN, GH_TOKEN) -- but not TOKENS (a count).
 _TOKEN_WORD = re.compile(r"TOKEN$", re.IGNORECASE)
 # The shell's working directory variables are paths, not passwords.
 _NOT_SECRET = frozenset({"PWD", "OLDPWD"})
-_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
+# Words split at non-alphanumerics only: camelCase is not split, or ssh's
+# StrictHostKeyChecking=yes would be a "KEY" (apiKey still is, by API_?KEY).
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+")
 
 
 def is_secret_name(name: str) -> bool:
