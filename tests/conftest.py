@@ -30,3 +30,5 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
             monkeypatch.delenv(name, raising=False)
     # The manifest parse cache goes to a per-session dir, never the developer's ~/.cache.
     monkeypatch.setenv("ENVBISECT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
+    # Swapped files are locked machine-wide; tests keep their locks out of /tmp's shared dir.
+    monkeypatch.setenv("ENVBISECT_LOCK_DIR", str(tmp_path_factory.getbasetemp() / "locks"))

@@ -137,3 +137,17 @@ def test_the_log_never_holds_a_secret_from_a_command_line_or_a_message(tmp_path:
     text = session.log_path.read_text()
     assert token not in text and "pw-9!x" not in text
     assert session.header()["smoke"] == ["train.py", "--api-key", "<redacted>"]
+
+
+def test_starting_over_a_live_unfinished_session_names_its_process(tmp_path: Path) -> None:
+    s = Session.start(tmp_path / "s", {})
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (s.root / "lock").write_text(f"{sleeper.pid}\n")
+        with pytest.raises(SessionError, match=f"in use by envbisect process {sleeper.pid}$"):
+            Session.start(s.root, {})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with pytest.raises(SessionError, match="continue it with --resume"):
+        Session.start(s.root, {})  # its process is gone: now it is only unfinished

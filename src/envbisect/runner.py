@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -808,6 +808,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         data_map=dict(getattr(config, "data_map", {}) or {}),
         blob_dirs=(config.blobs_dir,) if config is not None else (),
         cwd=options.cwd,
+        on_note=lambda line: progress(f"note: {line}"),
     )
     restore = actuator.restore
     atexit.register(_quietly, restore)
@@ -887,6 +888,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         _quietly(actuator.restore)
         atexit.unregister(_quietly)
     out = _result(result, context, tester.index_of)
+    if actuator.kept:  # files the user edited while the run went on: said again at the end
+        out = replace(out, notes=(*out.notes, *actuator.kept))
     session.append(
         {
             "type": "end",
@@ -1277,6 +1280,8 @@ def validate_options(options: RunOptions) -> None:
         raise UsageError("--timeout must be positive")
     if options.resume and options.fresh:
         raise UsageError("--resume and --fresh exclude each other: continue or replace")
+    if options.max_trials is not None and options.max_trials < 2:
+        raise UsageError("--max-trials must be at least 2 (the two endpoints come first)")
 
 
 def _findable(program: str, options: RunOptions) -> bool:

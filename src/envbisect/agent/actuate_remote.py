@@ -25,12 +25,16 @@ in the trial's log.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+
+from envbisect.agent import journal
+
+# Shipped with this module by the bundle (see envbisect.agent.bundle).
+AGENT_REQUIRES = ("envbisect.agent.journal",)
 
 READY = ".envbisect-ready"
 FAILED = ".envbisect-failed"
@@ -117,15 +121,7 @@ def _find_uv():
 # ---- inspect -----------------------------------------------------------------------------
 
 
-def _sha256(path):
-    try:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
+_sha256 = journal.sha256_of
 
 
 def _git(repo, *args):
@@ -254,122 +250,65 @@ def link_tree(src, dst, rel, excluded):
         os.symlink(entry.path, out)
 
 
-# ---- journal -----------------------------------------------------------------------------
+# ---- journal (the rules live in envbisect.agent.journal, shipped with this module) -------
 
 
-def _append(path, obj):
-    data = (json.dumps(obj, sort_keys=True) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def _journal(root):
+    return os.path.join(root, "journal.jsonl"), os.path.join(root, "backups")
+
+
+def _owner(root, pid=None):
+    return {"session": root, "journal": _journal(root)[0], "pid": pid}
+
+
+def swap(root, target, content, pid=None):
+    """Replace ``target`` by ``content`` (None: remove it), journaling the original first;
+    the file is claimed machine-wide for this session until ``cleanup``."""
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _lines(path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue  # torn by a kill mid-write
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
-
-
-def _atomic_write(target, data, mode=None):
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    if mode is None and os.path.exists(target):
-        mode = os.stat(target).st_mode & 0o7777
-    tmp = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + ".envbisect-tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, target)
-
-
-def _open_swaps(journal):
-    entries = _lines(journal)
-    restored = {e.get("id") for e in entries if e.get("op") == "restored"}
-    return [e for e in entries if e.get("op") == "swap" and e.get("id") not in restored]
-
-
-def swap(root, target, content):
-    """Replace ``target`` by ``content`` (None: remove it), journaling the original first."""
-    journal = os.path.join(root, "journal.jsonl")
-    backups = os.path.join(root, "backups")
-    if not any(e.get("path") == target for e in _open_swaps(journal)):
-        entries = _lines(journal)
-        swap_id = 1 + max([int(e["id"]) for e in entries if "id" in e] or [0])
-        os.makedirs(backups, exist_ok=True)
-        backup = os.path.join(backups, str(swap_id))
-        entry = {"op": "swap", "id": swap_id, "path": target, "existed": False}
-        if os.path.islink(target):
-            entry.update(symlink=os.readlink(target), existed=True)
-        elif os.path.isfile(target):
-            st = os.stat(target)
-            shutil.copyfile(target, backup)
-            with open(backup, "rb") as fh:
-                os.fsync(fh.fileno())
-            entry.update(
-                backup=str(swap_id),
-                mode=st.st_mode & 0o7777,
-                mtime_ns=st.st_mtime_ns,
-                atime_ns=st.st_atime_ns,
-                sha256=_sha256(backup),
-                existed=True,
-            )
-        elif os.path.exists(target):
-            raise ValueError(f"{target}: is not a regular file; refusing to swap it")
-        _append(journal, entry)
-    if content is None:
-        if os.path.lexists(target):
-            os.unlink(target)
-        return
-    _atomic_write(target, content)
+        journal.claim(target, _owner(root, pid), hold=False)
+        journal.swap(_journal(root)[0], _journal(root)[1], target, content)
+    except journal.JournalError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def restore(root):
-    journal = os.path.join(root, "journal.jsonl")
-    done = []
-    for entry in reversed(_open_swaps(journal)):
-        target = entry["path"]
-        if entry.get("existed"):
-            if "symlink" in entry:
-                if os.path.lexists(target):
-                    os.unlink(target)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                os.symlink(entry["symlink"], target)
-            else:
-                backup = os.path.join(root, "backups", str(entry["backup"]))
-                if not os.path.isfile(backup):
-                    raise ValueError(
-                        f"{journal}: backup {backup} of {target} is missing; "
-                        "the original cannot be restored"
-                    )
-                with open(backup, "rb") as fh:
-                    _atomic_write(target, fh.read(), mode=entry.get("mode"))
-                if entry.get("mtime_ns") is not None:
-                    os.utime(target, ns=(int(entry["atime_ns"]), int(entry["mtime_ns"])))
-        elif os.path.lexists(target):
-            os.unlink(target)
-        _append(journal, {"op": "restored", "id": entry["id"], "path": target})
-        done.append(target)
-    return done
+    """Put back the open swaps that still hold what envbisect wrote; returns the restored
+    paths and one line per file kept as the user changed it."""
+    done, kept = [], []
+    try:
+        outcomes = journal.restore(*_journal(root))
+    except journal.JournalError as exc:
+        raise ValueError(str(exc)) from None
+    for item in outcomes:
+        if item["outcome"] != "kept":
+            done.append(item["path"])
+        elif item["original"]:
+            kept.append(
+                "kept {}: it changed after envbisect swapped it, so your version stays; "
+                "the original is in {}".format(item["path"], item["original"])
+            )
+        else:
+            kept.append(
+                "kept {}: it changed after envbisect created it, so your version stays "
+                "(it did not exist before)".format(item["path"])
+            )
+    return done, kept
 
 
 def op_restore(params):
-    return {"restored": restore(params["root"])}
+    done, kept = restore(params["root"])
+    return {"restored": done, "kept": kept}
+
+
+def _release_all(root):
+    paths = sorted(
+        {
+            os.path.realpath(str(e.get("path")))
+            for e in journal.read_lines(_journal(root)[0])
+            if e.get("op") == "swap"
+        }
+    )
+    journal.release(root, paths)
 
 
 # ---- realize -----------------------------------------------------------------------------
@@ -379,7 +318,7 @@ def _worktree(root, repo, head, path):
     if os.path.exists(path):
         return None
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    _append(os.path.join(root, "worktrees.jsonl"), {"repo": repo, "path": path})
+    journal.append_line(os.path.join(root, "worktrees.jsonl"), {"repo": repo, "path": path})
     proc = _git(repo, "worktree", "add", "--detach", path, head)
     sys.stderr.write(proc.stderr)
     if proc.returncode != 0:
@@ -394,23 +333,22 @@ def op_realize(params):
     os.makedirs(root, exist_ok=True)
     # A swap left by a process that died (kill -9, then --resume) must not leak into this
     # state: every trial starts from the target's own files.
-    restore(root)
+    _restored, notes = restore(root)
     for repo, head, path in params.get("worktrees") or ():
         failure = _worktree(root, repo, head, path)
         if failure:
-            return {"failure": failure, "notes": []}
+            return {"failure": failure, "notes": notes}
     for item in params.get("swaps") or ():
         target, want = item["path"], item.get("sha256")
         if want is not None and _sha256(target) == want:
             continue
         if want is None:
             if os.path.lexists(target):
-                swap(root, target, None)
+                swap(root, target, None, params.get("pid"))
             continue
         if item.get("content") is None:
-            return {"failure": f"build: no content for {target}", "notes": []}
-        swap(root, target, base64.b64decode(item["content"]))
-    notes = []
+            return {"failure": f"build: no content for {target}", "notes": notes}
+        swap(root, target, base64.b64decode(item["content"]), params.get("pid"))
     for item in params.get("caches") or ():
         dest, src = item["dest"], item.get("src")
         if os.path.lexists(dest):
@@ -431,10 +369,12 @@ def op_realize(params):
 
 def op_cleanup(params):
     root = params["root"]
-    restored = restore(root) if os.path.isdir(root) else []
+    restored, kept = restore(root) if os.path.isdir(root) else ([], [])
+    if os.path.isdir(root):
+        _release_all(root)
     removed = []
     repos = []
-    for entry in _lines(os.path.join(root, "worktrees.jsonl")):
+    for entry in journal.read_lines(os.path.join(root, "worktrees.jsonl")):
         repo, path = entry["repo"], entry["path"]
         if repo not in repos:
             repos.append(repo)
@@ -456,7 +396,7 @@ def op_cleanup(params):
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
                 dirs.append(path)
-    return {"restored": restored, "worktrees": removed, "removed": dirs}
+    return {"restored": restored, "kept": kept, "worktrees": removed, "removed": dirs}
 
 
 _OPS = {

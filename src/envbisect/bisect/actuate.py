@@ -75,7 +75,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,9 @@ class Actuator:
     # Several actuators of one session (workers with targets of their own) log their agent
     # calls side by side: each under its own name.
     log_tag: str = ""
+    on_note: Callable[[str], None] | None = None  # told at once when a restore keeps an edit
+    kept: list[str] = field(default_factory=list)  # files restore left as the user edited them
+    _claimed: bool = False
 
     @property
     def remote(self) -> bool:
@@ -552,17 +555,45 @@ class Actuator:
             self.restore()
 
     def restore(self) -> None:
-        """Put back every file swapped in place, here and (when remote) on the target."""
-        self.session.journal.restore()
+        """Put back every file swapped in place, here and (when remote) on the target.
+
+        A file the user changed meanwhile is kept as it is (the original written beside
+        it): each such file is one line in ``kept``, also handed to ``on_note`` at once.
+        """
+        journal = self.session.journal
+        seen = len(journal.kept)
+        journal.restore()
+        lines = [k.describe() for k in journal.kept[seen:]]
         if self.remote and self._remote_dirty:
-            self._agent(
+            out = self._agent(
                 "restore", {"root": self.remote_root()}, self.session.root / "remote", "restore"
             )
             self._remote_dirty = False
+            where = self.transport.describe()
+            lines += [f"{line} (via {where})" for line in out.get("kept") or ()]
+        for line in lines:
+            self.kept.append(line)
+            if self.on_note is not None:
+                self.on_note(line)
+
+    def claim_files(self) -> None:
+        """Lock, machine-wide, every loose file a trial may swap in place (once per run), so
+        a second run on the same file is refused before either touches it."""
+        if self._claimed or self.remote:
+            return
+        blocked = self._blocked_ids()
+        for unit in self.units:
+            if unit.bisectable is False or unit.id in blocked:
+                continue
+            for change in unit.changes:
+                if change.section == "files":
+                    self.session.journal.claim(Path(str(change.key)))
+        self._claimed = True
 
     def _build(
         self, applied: frozenset[str], positions: Mapping[str, int], trial_dir: Path
     ) -> Realized:
+        self.claim_files()
         values = self._values(applied, positions)
         env = dict(self.base_env if self.base_env is not None else os.environ)
         notes: list[str] = []
@@ -724,7 +755,9 @@ class Actuator:
             assert root is not None
             self._remote_dirty = self._remote_dirty or bool(ops["swaps"])
             try:
-                out = self._agent("realize", {"root": root, **ops}, trial_dir, "realize")
+                out = self._agent(
+                    "realize", {"root": root, "pid": os.getpid(), **ops}, trial_dir, "realize"
+                )
             except TransportError as exc:
                 return Realized(python=python, env=env, failure=f"build: {exc}")
             notes.extend(out.get("notes") or ())
@@ -945,7 +978,7 @@ class Actuator:
     def close(self) -> None:
         """Restore files and remove the worktrees (venvs stay for a later --resume), here
         and, for a remote target, there."""
-        self.session.journal.restore()
+        self.restore()
         self.session.remove_worktrees()
         self._worktrees.clear()
         if self.remote and self._target is not None:
@@ -976,6 +1009,7 @@ def reset_remote(session: Session) -> list[str]:
         )
         where = transport.describe()
         lines += [f"restored {p} (via {where})" for p in out.get("restored") or ()]
+        lines += [f"{line} (via {where})" for line in out.get("kept") or ()]
         lines += [f"removed worktree {p} (via {where})" for p in out.get("worktrees") or ()]
         lines += [f"removed {p} (via {where})" for p in out.get("removed") or ()]
     return lines

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect.agent import journal
 from envbisect.agent.redact import redact_tree
 from envbisect.errors import SessionError
 
@@ -38,33 +39,8 @@ JOURNAL_NAME = "journal.jsonl"
 LOCK_NAME = "lock"
 
 
-def _append_line(path: Path, obj: dict[str, Any]) -> None:
-    """Append one JSON line and fsync, so a kill right after still finds it."""
-    data = (json.dumps(obj, sort_keys=True, default=str) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    out: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue  # a torn line from a kill mid-write
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
+_append_line = journal.append_line
+_read_lines = journal.read_lines
 
 
 def state_key(applied: Iterable[str], positions: Iterable[tuple[str, int]] = ()) -> str:
@@ -136,114 +112,97 @@ class TrialRecord:
         }
 
 
+@dataclass(frozen=True)
+class KeptEdit:
+    """A journaled file the user changed after envbisect swapped it: kept as the user left
+    it; the original (when there was one) was written to ``original``."""
+
+    path: Path
+    original: Path | None
+
+    def describe(self) -> str:
+        if self.original is None:
+            return (
+                f"kept {self.path}: it changed after envbisect created it, so your version "
+                "stays (it did not exist before)"
+            )
+        return (
+            f"kept {self.path}: it changed after envbisect swapped it, so your version "
+            f"stays; the original is in {self.original}"
+        )
+
+
 @dataclass
 class FileJournal:
     """In-place file swaps that can always be undone, even after ``kill -9``.
 
-    ``swap`` copies the original to ``backups/N`` and appends a journal line (both fsynced)
-    *before* writing the new content; ``restore`` puts every open swap back and appends
-    ``restored`` lines. Restoring is idempotent.
+    The rules live in ``envbisect.agent.journal`` (shared with remote targets): the original
+    is journaled before the file is touched; a file is locked machine-wide (by its real
+    path) before its first swap, so a second session cannot journal our swapped-in content as
+    its "original"; ``restore`` puts back only files that still hold what envbisect wrote —
+    an edit made since is kept, the original written beside it (see ``kept``); hard-linked
+    files are written through their inode. Restoring is idempotent.
     """
 
     path: Path
     backups: Path
+    session: str | None = None  # who holds the file locks (default: the journal's directory)
+    kept: list[KeptEdit] = field(default_factory=list)
     _open: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.session is None:
+            self.session = str(Path(self.path).absolute().parent)
         for entry in self.open_swaps():
             self._open[entry["path"]] = int(entry["id"])
 
     def open_swaps(self) -> list[dict[str, Any]]:
         """Swap entries with no ``restored`` entry yet, in order."""
-        entries = _read_lines(self.path)
-        restored = {e["id"] for e in entries if e.get("op") == "restored"}
-        return [e for e in entries if e.get("op") == "swap" and e["id"] not in restored]
+        return list(journal.open_swaps(str(self.path)))
+
+    def claim(self, target: Path) -> None:
+        """Lock ``target`` for this session until :meth:`release` (SessionError naming the
+        holder's pid and session when another run has it)."""
+        owner = {"session": self.session, "journal": str(Path(self.path).absolute())}
+        try:
+            journal.claim(str(target), dict(owner, pid=os.getpid()), hold=True)
+        except journal.JournalError as exc:
+            raise SessionError(str(exc)) from None
+
+    def release(self) -> None:
+        """Give up every file lock this session holds."""
+        journal.release(self.session)
 
     def swap(self, target: Path, content: bytes | None) -> None:
         """Replace ``target`` by ``content`` (None: remove it), journaling the original."""
         target = Path(target)
         key = str(target)
-        if key not in self._open:
-            entries = _read_lines(self.path)
-            swap_id = 1 + max((int(e["id"]) for e in entries if "id" in e), default=0)
-            self.backups.mkdir(parents=True, exist_ok=True)
-            backup = self.backups / str(swap_id)
-            entry: dict[str, Any] = {"op": "swap", "id": swap_id, "path": key, "existed": False}
-            if target.is_file() or target.is_symlink():
-                st = target.lstat()
-                if target.is_symlink():
-                    entry.update(symlink=os.readlink(target))
-                else:
-                    shutil.copyfile(target, backup)
-                    with open(backup, "rb") as fh:
-                        os.fsync(fh.fileno())
-                    entry.update(
-                        backup=backup.name,
-                        mode=st.st_mode & 0o7777,
-                        mtime_ns=st.st_mtime_ns,
-                        atime_ns=st.st_atime_ns,
-                        sha256=_sha256(backup),
-                    )
-                entry["existed"] = True
-            elif target.exists():
-                raise SessionError(f"{target}: is not a regular file; refusing to swap it")
-            _append_line(self.path, entry)
-            self._open[key] = swap_id
-        if content is None:
-            if target.exists() or target.is_symlink():
-                target.unlink()
-            return
-        _atomic_write_bytes(target, content)
+        self.claim(target)
+        try:
+            self._open[key] = journal.swap(
+                str(self.path), str(self.backups), key, content, self._open.get(key)
+            )
+        except journal.JournalError as exc:
+            raise SessionError(str(exc)) from None
 
     def restore(self) -> list[Path]:
-        """Put every open swap back; returns the restored paths."""
-        done: list[Path] = []
-        for entry in reversed(self.open_swaps()):
-            target = Path(entry["path"])
-            if entry.get("existed"):
-                if "symlink" in entry:
-                    if target.exists() or target.is_symlink():
-                        target.unlink()
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(entry["symlink"], target)
-                else:
-                    backup = self.backups / str(entry["backup"])
-                    if not backup.is_file():
-                        raise SessionError(
-                            f"{self.path}: backup {backup} of {target} is missing; "
-                            "the original cannot be restored"
-                        )
-                    _atomic_write_bytes(target, backup.read_bytes(), mode=entry.get("mode"))
-                    if entry.get("mtime_ns") is not None:
-                        os.utime(target, ns=(int(entry["atime_ns"]), int(entry["mtime_ns"])))
-            elif target.exists() or target.is_symlink():
-                target.unlink()
-            _append_line(self.path, {"op": "restored", "id": entry["id"], "path": str(target)})
-            done.append(target)
+        """Put every open swap back; returns the paths that hold their original again.
+
+        A file changed since envbisect wrote it is not overwritten: it lands in ``kept``.
+        """
+        try:
+            outcomes = journal.restore(str(self.path), str(self.backups))
+        except journal.JournalError as exc:
+            raise SessionError(f"{self.path}: {exc}") from None
         self._open.clear()
+        done: list[Path] = []
+        for item in outcomes:
+            if item["outcome"] == "kept":
+                original = Path(item["original"]) if item["original"] else None
+                self.kept.append(KeptEdit(Path(item["path"]), original))
+            else:
+                done.append(Path(item["path"]))
         return done
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _atomic_write_bytes(target: Path, data: bytes, mode: int | None = None) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None and target.exists():
-        mode = target.stat().st_mode & 0o7777
-    tmp = target.with_name(f".{target.name}.envbisect-tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, target)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -261,8 +220,12 @@ class Session:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).absolute()
+        if self.root.exists() and not self.root.is_dir():
+            raise SessionError(f"{self.root}: is not a directory (--session names a directory)")
         self.log_path = self.root / LOG_NAME
-        self.journal = FileJournal(self.root / JOURNAL_NAME, self.root / "backups")
+        self.journal = FileJournal(
+            self.root / JOURNAL_NAME, self.root / "backups", session=str(self.root)
+        )
         self._locked = False
 
     # -- opening -----------------------------------------------------------------------
@@ -274,6 +237,9 @@ class Session:
         or replace it with --fresh. ``fresh`` restores and removes it first."""
         session = cls(root)
         if session.log_path.exists():
+            holder = session.lock_holder()
+            if holder is not None:
+                raise SessionError(f"{session.root}: in use by envbisect process {holder}")
             if not fresh:
                 n = len(session.trials())
                 end = session.end_event()
@@ -315,19 +281,27 @@ class Session:
             raise SessionError(f"{session.root}: no bisection session there")
         return session
 
+    def lock_holder(self) -> int | None:
+        """The pid of another live envbisect process using this session, if any."""
+        try:
+            pid = int((self.root / LOCK_NAME).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if pid and pid != os.getpid() and _pid_alive(pid):
+            return pid
+        return None
+
     def lock(self) -> None:
         """Take the session for this process; a live other owner is an error."""
-        path = self.root / LOCK_NAME
-        try:
-            pid = int(path.read_text().strip())
-        except (OSError, ValueError):
-            pid = 0
-        if pid and pid != os.getpid() and _pid_alive(pid):
+        pid = self.lock_holder()
+        if pid is not None:
             raise SessionError(f"{self.root}: in use by envbisect process {pid}")
-        path.write_text(f"{os.getpid()}\n")
+        (self.root / LOCK_NAME).write_text(f"{os.getpid()}\n")
         self._locked = True
 
     def unlock(self) -> None:
+        """Give the session and the locks on its swapped files back."""
+        self.journal.release()
         if self._locked:
             with contextlib.suppress(FileNotFoundError):
                 (self.root / LOCK_NAME).unlink()
@@ -424,6 +398,10 @@ class Session:
 
     def reset(self) -> ResetReport:
         """Restore journaled files, remove worktrees, venvs and cache copies."""
+        for entry in self.journal.open_swaps():
+            # Take over the dead run's locks (refused while a live run holds one), so they
+            # are removed with the restore.
+            self.journal.claim(Path(entry["path"]))
         restored = self.journal.restore()
         worktrees = self.remove_worktrees()
         removed_dirs: list[Path] = []
@@ -435,16 +413,19 @@ class Session:
         if self.log_path.exists():
             self.append({"type": "reset", "time": time.time()})
         self.unlock()
-        return ResetReport(tuple(restored), tuple(worktrees), tuple(removed_dirs))
+        return ResetReport(
+            tuple(restored), tuple(worktrees), tuple(removed_dirs), tuple(self.journal.kept)
+        )
 
 
 @dataclass(frozen=True)
 class ResetReport:
-    """What ``reset`` put back and removed."""
+    """What ``reset`` put back and removed, and the files it left as the user changed them."""
 
     restored: tuple[Path, ...]
     worktrees: tuple[Path, ...]
     removed: tuple[Path, ...]
+    kept: tuple[KeptEdit, ...] = ()
 
 
 def iter_trial_runs(trial_dir: Path) -> Iterator[Path]:

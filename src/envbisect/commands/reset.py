@@ -27,6 +27,8 @@ def command(session_dir: str | None, config_path: str | None) -> int:
         click.echo(line)
     for path in done.restored:
         click.echo(f"restored {path}")
+    for kept in done.kept:
+        click.echo(kept.describe())
     for path in done.worktrees:
         click.echo(f"removed worktree {path}")
     for path in done.removed:

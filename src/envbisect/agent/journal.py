@@ -1,0 +1,500 @@
+"""Journaled in-place file swaps, and the machine-wide lock on every swapped file.
+
+Stdlib only, Python 3.8+ syntax: the host's ``bisect.session.FileJournal`` uses it, and it is
+shipped with ``agent.actuate_remote`` so a remote target's swaps follow the same rules.
+
+The journal is ``journal.jsonl`` (lines fsynced *before* the file is touched) and
+``backups/N`` (the original bytes of swap N)::
+
+    {"op": "swap", "id": N, "path": ..., "existed": ..., "sha256": <original>, "put": <ours>,
+     "inplace": <bool>, ...}
+    {"op": "put", "id": N, "put": <ours>}        a later content for the same open swap
+    {"op": "written", "id": N}                   an in-place write finished (see below)
+    {"op": "restored", "id": N, "path": ..., "outcome": "restored" | "kept" | "unchanged"}
+
+Three rules keep a user's file safe:
+
+- **Restore only what is still ours.** A swap is put back only while the file holds exactly
+  what envbisect wrote (sha256 ``put``; ``None`` when envbisect removed it). A file that
+  changed since (the user edited it during a run or after a ``kill -9``) is left as the user
+  made it, and the original is written beside it as ``<name>.envbisect-original``.
+- **Hard links stay linked.** A file with more than one link is written *in place* (same
+  inode) on swap and on restore, so the other names keep pointing at it. An in-place write
+  is not atomic, so it is bracketed: a swap with no ``written`` line after its last ``put``
+  was cut off mid-write and is restored whatever the file now holds.
+- **One swapper per file, machine-wide.** Before a file is swapped, a lock keyed by its real
+  path is taken under ``$ENVBISECT_LOCK_DIR`` (default ``/tmp/envbisect-locks``). A process
+  that keeps running between swaps (the host) holds it with ``flock`` until it releases it;
+  one-shot agent processes (remote targets) leave the lock file as the claim, released by
+  their ``cleanup``. A second session is refused with the holder's pid and session; a holder
+  that died with the file still swapped is named too, with the reset that puts it back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on POSIX: no machine-wide lock, journal only
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_DIR_ENV = "ENVBISECT_LOCK_DIR"
+DEFAULT_LOCK_DIR = "/tmp/envbisect-locks"
+ORIGINAL_SUFFIX = ".envbisect-original"
+
+# Locks this process holds with flock: real path -> (fd, session).
+_HELD: dict[str, tuple[int, Any]] = {}
+
+
+class JournalError(Exception):
+    """A swap or restore that cannot be done safely (the host turns it into SessionError)."""
+
+
+# ---- small helpers --------------------------------------------------------------------------
+
+
+def append_line(path, obj):
+    """Append one JSON line and fsync, so a kill right after still finds it."""
+    data = (json.dumps(obj, sort_keys=True, default=str) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path):
+    """Every JSON-object line of ``path``; a torn line (kill mid-write) is skipped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def sha256_of(path):
+    """sha256 of a regular file's bytes, or None when it cannot be read."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _state(path):
+    """What ``path`` holds now: None (absent), "link:<target>" or a sha256."""
+    if os.path.islink(path):
+        return "link:" + os.readlink(path)
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isfile(path):
+        return "other"
+    return sha256_of(path) or "unreadable"
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(target, data, mode=None):
+    """Write ``data`` to ``target`` by rename: readers see the old file or the whole new one."""
+    parent = os.path.dirname(target) or "."
+    os.makedirs(parent, exist_ok=True)
+    if mode is None and os.path.exists(target):
+        mode = os.stat(target).st_mode & 0o7777
+    tmp = os.path.join(parent, "." + os.path.basename(target) + ".envbisect-tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, target)
+    _fsync_dir(parent)
+
+
+def write_in_place(target, data):
+    """Overwrite ``target`` through its inode (other hard links see the same bytes)."""
+    fd = os.open(target, os.O_WRONLY | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha_bytes(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---- the machine-wide lock ------------------------------------------------------------------
+
+
+def lock_dir():
+    """Where the per-file locks live (one directory for the whole machine)."""
+    return os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR
+
+
+def lock_path(target):
+    """The lock file of ``target``, keyed by its real path."""
+    real = os.path.realpath(target)
+    return os.path.join(lock_dir(), hashlib.sha256(real.encode("utf-8")).hexdigest()[:32] + ".lock")
+
+
+def _open_swaps_of(journal, real):
+    """Open swaps in another session's ``journal`` whose file is ``real``."""
+    return [e for e in open_swaps(journal) if os.path.realpath(str(e.get("path"))) == real]
+
+
+def _holder_text(owner):
+    pid = owner.get("pid")
+    session = owner.get("session") or "?"
+    return f"envbisect process {pid} (session {session})"
+
+
+def claim(target, owner, hold=True):
+    """Lock ``target`` machine-wide for ``owner`` ({"session", "journal", "pid"}).
+
+    ``hold``: keep the lock with flock until :func:`release` (a long-lived process); else
+    the lock file itself is the claim (one-shot agents), valid while the owner's session
+    directory exists. Raises JournalError naming the holder when another session has it.
+    """
+    real = os.path.realpath(target)
+    held = _HELD.get(real)
+    if held is not None:
+        if held[1] == owner.get("session"):
+            return
+        raise JournalError(
+            "{}: in use by {}; a second run must not swap the same file".format(
+                target, _holder_text({"pid": os.getpid(), "session": held[1]})
+            )
+        )
+    if fcntl is None:
+        return
+    directory = lock_dir()
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        # Shared by every user of the machine, like /tmp itself.
+        with contextlib.suppress(OSError):
+            os.chmod(directory, 0o1777)
+    path = lock_path(real)
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise JournalError(f"{target}: cannot take its lock {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            other = _read_owner(fd)
+            os.close(fd)
+            raise JournalError(
+                f"{target}: in use by {_holder_text(other)}; a second run must not swap "
+                "the same file: wait for it to end"
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except OSError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # released and removed by its holder meanwhile: take the new file
+    try:
+        other = _read_owner(fd)
+        if other and other.get("session") != owner.get("session"):
+            journal = str(other.get("journal") or "")
+            if other.get("mode") == "file" and os.path.isdir(os.path.dirname(journal)):
+                raise JournalError(
+                    f"{target}: in use by {_holder_text(other)}; a second run must not "
+                    "swap the same file"
+                )
+            if journal and _open_swaps_of(journal, real):
+                raise JournalError(
+                    "{}: still swapped by {}, which is gone; put it back first with "
+                    "'envbisect reset --session {}'".format(
+                        target, _holder_text(other), other.get("session")
+                    )
+                )
+        record = dict(owner, path=real, mode="flock" if hold else "file")
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if hold:
+        _HELD[real] = (fd, owner.get("session"))
+    else:
+        os.close(fd)
+
+
+def _read_owner(fd):
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 65536)
+        data = json.loads(raw.decode("utf-8")) if raw.strip() else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def release(session, paths=None):
+    """Give up the locks ``session`` holds (all, or those of ``paths``); returns their paths."""
+    done = []
+    for real, (fd, owner) in list(_HELD.items()):
+        if owner != session or (paths is not None and real not in paths):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path(real))
+        os.close(fd)  # closing drops the flock
+        del _HELD[real]
+        done.append(real)
+    if paths is not None and fcntl is not None:
+        # One-shot claims (remote): remove the lock files that name this session.
+        for real in paths:
+            if real in done:
+                continue
+            path = lock_path(real)
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if _read_owner(fd).get("session") == session:
+                    os.unlink(path)
+                    done.append(real)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    return done
+
+
+def held(session):
+    """Real paths this process holds locks on for ``session``."""
+    return [real for real, (_fd, owner) in _HELD.items() if owner == session]
+
+
+# ---- the journal ----------------------------------------------------------------------------
+
+
+def _entries(journal):
+    """Open swaps with their latest ``put`` and whether its in-place write finished."""
+    entries = read_lines(journal)
+    restored = {e.get("id") for e in entries if e.get("op") == "restored"}
+    swaps = {}
+    order = []
+    for e in entries:
+        op, sid = e.get("op"), e.get("id")
+        if sid in restored:
+            continue
+        if op == "swap":
+            swaps[sid] = dict(e, _written=not e.get("inplace"))
+            order.append(sid)
+        elif op == "put" and sid in swaps:
+            swaps[sid]["put"] = e.get("put")
+            swaps[sid]["_written"] = not swaps[sid].get("inplace")
+        elif op == "written" and sid in swaps:
+            swaps[sid]["_written"] = True
+    return [swaps[sid] for sid in order]
+
+
+def open_swaps(journal):
+    """Swap entries with no ``restored`` line yet, in order (``put`` is the latest)."""
+    return _entries(journal)
+
+
+def next_id(journal):
+    return 1 + max([int(e["id"]) for e in read_lines(journal) if "id" in e] or [0])
+
+
+def swap(journal, backups, target, content, entry_id=None):
+    """Replace ``target`` by ``content`` (None: remove it), journaling the original first.
+
+    ``entry_id``: the id of this path's open swap when the caller knows it (a second content
+    for the same file in one trial); the original journaled then stays the one restored.
+    Returns the swap's id.
+    """
+    target = str(target)
+    put = None if content is None else _sha_bytes(content)
+    if entry_id is None:
+        for e in _entries(journal):
+            if e.get("path") == target:
+                entry_id = e["id"]
+    if entry_id is not None:
+        entry = next(e for e in _entries(journal) if e["id"] == entry_id)
+        inplace = bool(entry.get("inplace")) and content is not None
+        append_line(journal, {"op": "put", "id": entry_id, "put": put})
+    else:
+        entry_id = next_id(journal)
+        entry = {"op": "swap", "id": entry_id, "path": target, "existed": False, "put": put}
+        inplace = False
+        if os.path.islink(target):
+            entry.update(symlink=os.readlink(target), existed=True)
+        elif os.path.isfile(target):
+            st = os.stat(target)
+            os.makedirs(backups, exist_ok=True)
+            backup = os.path.join(backups, str(entry_id))
+            with open(target, "rb") as src:
+                original = src.read()
+            with open(backup, "wb") as fh:
+                fh.write(original)
+                fh.flush()
+                os.fsync(fh.fileno())
+            inplace = st.st_nlink > 1 and content is not None
+            entry.update(
+                backup=str(entry_id),
+                mode=st.st_mode & 0o7777,
+                mtime_ns=st.st_mtime_ns,
+                atime_ns=st.st_atime_ns,
+                sha256=_sha_bytes(original),
+                existed=True,
+                inplace=inplace,
+                nlink=st.st_nlink,
+            )
+        elif os.path.lexists(target):
+            raise JournalError(f"{target}: is not a regular file; refusing to swap it")
+        if content is None and entry.get("nlink", 1) > 1:
+            # Removing one name of a hard-linked file: a hidden name keeps the inode, so the
+            # restore links it back instead of writing a copy.
+            entry["held"] = os.path.join(
+                os.path.dirname(target),
+                f".{os.path.basename(target)}.envbisect-held-{entry_id}",
+            )
+        append_line(journal, entry)
+        if entry.get("held"):
+            if os.path.lexists(entry["held"]):
+                os.unlink(entry["held"])
+            os.link(target, entry["held"])
+    if content is None:
+        if os.path.lexists(target):
+            os.unlink(target)
+        return entry_id
+    if inplace:
+        write_in_place(target, content)
+        append_line(journal, {"op": "written", "id": entry_id})
+    else:
+        atomic_write(target, content)
+    return entry_id
+
+
+def _beside(target):
+    """A free name next to ``target`` for the original of a file the user changed."""
+    base = target + ORIGINAL_SUFFIX
+    candidate, n = base, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{base}.{n}"
+    return candidate
+
+
+def restore(journal, backups):
+    """Put back every open swap whose file still holds what envbisect put there.
+
+    Returns one dict per swap closed: ``path``, ``outcome`` (``restored``; ``unchanged``: the
+    file already held its original; ``kept``: the user changed it, so it is kept and the
+    original, when there was one, is written to ``original``) and ``original``.
+    """
+    done = []
+    for entry in reversed(_entries(journal)):
+        target = str(entry["path"])
+        now = _state(target)
+        put = entry.get("put")
+        if entry.get("existed"):
+            was = "link:" + entry["symlink"] if "symlink" in entry else entry.get("sha256")
+        else:
+            was = None
+        ours = now == put or not entry.get("_written", True)
+        original = None
+        if now == was:
+            outcome = "unchanged"
+        elif ours:
+            outcome = "restored"
+            held = entry.get("held")
+            if now is None and held and sha256_of(held) == was:
+                os.link(held, target)  # the same inode again: every other link still fits
+            else:
+                inplace = bool(entry.get("inplace")) and now is not None
+                _put_back(entry, target, backups, inplace=inplace)
+        else:
+            outcome = "kept"
+            if entry.get("existed"):
+                original = _beside(target)
+                _put_back(entry, original, backups, inplace=False)
+        if entry.get("held") and os.path.lexists(entry["held"]):
+            os.unlink(entry["held"])
+        tmp = os.path.join(
+            os.path.dirname(target), "." + os.path.basename(target) + ".envbisect-tmp"
+        )
+        if os.path.lexists(tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        line = {"op": "restored", "id": entry["id"], "path": target, "outcome": outcome}
+        if original:
+            line["original"] = original
+        append_line(journal, line)
+        done.append({"path": target, "outcome": outcome, "original": original})
+    return done
+
+
+def _put_back(entry, dest, backups, inplace):
+    if not entry.get("existed"):
+        if os.path.lexists(dest):
+            os.unlink(dest)
+        return
+    if "symlink" in entry:
+        if os.path.lexists(dest):
+            os.unlink(dest)
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        os.symlink(entry["symlink"], dest)
+        return
+    backup = os.path.join(backups, str(entry["backup"]))
+    try:
+        with open(backup, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        raise JournalError(
+            f"backup {backup} of {dest} is missing; the original cannot be restored"
+        ) from None
+    if inplace and os.path.isfile(dest) and not os.path.islink(dest):
+        write_in_place(dest, data)
+        if entry.get("mode") is not None:
+            os.chmod(dest, int(entry["mode"]))
+    else:
+        atomic_write(dest, data, mode=entry.get("mode"))
+    if entry.get("mtime_ns") is not None:
+        os.utime(dest, ns=(int(entry["atime_ns"]), int(entry["mtime_ns"])))
