@@ -387,6 +387,36 @@ def _gone(pid: int, within_s: float) -> bool:
     return False
 
 
+def _leaver(tmp_path: Path) -> str:
+    """A command that exits normally and leaves three children behind: one in the background
+    of its process group, one that called setsid, one that also cleared its environment."""
+    d = tmp_path
+    return (
+        f"sleep 300 & echo $! > {d}/bg.pid; "
+        f"setsid sh -c 'echo $$ > {d}/sid.pid; exec sleep 301' & "
+        f"env -i /bin/sh -c 'setsid /bin/sh -c \"echo \\$\\$ > {d}/bare.pid; exec sleep 302\" &' ; "
+        f"for f in bg sid bare; do while [ ! -s {d}/$f.pid ]; do :; done; done; "
+        'echo ENVBISECT_RESULT \'{"ok": true, "tok_per_s": 1.0}\''
+    )
+
+
+def test_a_run_that_exits_normally_leaves_no_process_behind(tmp_path: Path) -> None:
+    result = Transport().run(["sh", "-c", _leaver(tmp_path)], timeout_s=60, log_dir=tmp_path)
+    assert result.returncode == 0 and not result.timed_out
+    pids = {name: int((tmp_path / f"{name}.pid").read_text()) for name in ("bg", "sid", "bare")}
+    for name, pid in pids.items():
+        assert _gone(pid, within_s=5), f"the {name} child {pid} is still running"
+    killed = {int(line.split()[0]): line for line in result.killed}
+    assert set(pids.values()) <= set(killed)
+    assert "sleep 301" in killed[pids["sid"]] and "sleep 302" in killed[pids["bare"]]
+    assert (tmp_path / "run.killed").read_text().splitlines() == list(result.killed)
+
+
+def test_a_run_that_leaves_nothing_kills_nothing(tmp_path: Path) -> None:
+    result = Transport().run(["sh", "-c", "echo hi"], timeout_s=60, log_dir=tmp_path)
+    assert result.killed == () and not (tmp_path / "run.killed").exists()
+
+
 def test_a_missing_first_program_is_a_transport_error(tmp_path: Path) -> None:
     with pytest.raises(TransportError, match="cannot start"):
         Transport.from_specs(["no-such-layer-tool --x"]).run(["true"], log_dir=tmp_path)

@@ -30,14 +30,17 @@ zsh (not csh or fish). Tests replace ``Transport`` or point layers at faithful f
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
+import secrets
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -137,6 +140,14 @@ def parse_layer(text: str) -> Layer:
             "write 'env NAME=value' instead",
         )
     tool = os.path.basename(words[0])
+    shell = _non_posix_shell(words)
+    if shell is not None and forced is not LayerKind.ARGV:
+        raise _bad(
+            text,
+            f"{shell} is not a POSIX-family shell: envbisect quotes the command for sh, dash, "
+            f"bash, ksh and zsh, and {shell} would read those quotes differently; use "
+            "'sh -c' or 'bash -lc' in its place",
+        )
     if tool == "ssh":
         if forced is LayerKind.ARGV:
             raise _bad(
@@ -154,6 +165,22 @@ def parse_layer(text: str) -> Layer:
         # e.g. 'sudo -u bob bash -lc': the last program is a shell that takes one string.
         return Layer(tuple(words), LayerKind.SHELL)
     return Layer(tuple(words), LayerKind.ARGV)
+
+
+_NON_POSIX_SHELLS = frozenset({"csh", "tcsh", "fish"})
+
+
+def _non_posix_shell(words: Sequence[str]) -> str | None:
+    """csh/tcsh/fish when the layer is (or ends in) one of them: the program itself, or the
+    last program before trailing options such as ``-c`` (``sudo -u bob fish -c``)."""
+    if os.path.basename(words[0]) in _NON_POSIX_SHELLS:
+        return os.path.basename(words[0])
+    for word in reversed(words[1:]):
+        if word.startswith("-"):
+            continue
+        name = os.path.basename(word)
+        return name if name in _NON_POSIX_SHELLS and _DASH_C.fullmatch(words[-1]) else None
+    return None
 
 
 def _bad(text: str, why: str) -> TransportError:
@@ -566,7 +593,11 @@ _FIXERS: dict[str, Callable[[list[str], str], Layer]] = {
 
 @dataclass(frozen=True)
 class RunResult:
-    """What one process run returned; stdout/stderr are kept in full under ``log_dir``."""
+    """What one process run returned; stdout/stderr are kept in full under ``log_dir``.
+
+    ``killed``: the processes it left behind that had to be ended (``pid command``), also
+    listed in ``<name>.killed`` next to the logs.
+    """
 
     argv: tuple[str, ...]
     returncode: int
@@ -574,6 +605,7 @@ class RunResult:
     elapsed_s: float
     stdout_path: Path
     stderr_path: Path
+    killed: tuple[str, ...] = ()
 
     def stdout(self) -> bytes:
         return self.stdout_path.read_bytes()
@@ -645,6 +677,11 @@ class Transport:
         err_path = log_dir / f"{name}.stderr"
         start = time.monotonic()
         timed_out = False
+        tag = secrets.token_hex(8)
+        run_env = dict(os.environ if env is None else env)
+        run_env[RUN_TAG_ENV] = tag  # inherited by everything the run starts: found after it
+        _become_subreaper()
+        _in_flight(+1)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = subprocess.Popen(
@@ -652,16 +689,21 @@ class Transport:
                     stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=err,
-                    env=env,
+                    env=run_env,
                     cwd=cwd,
                     start_new_session=True,
                 )
             except OSError as exc:
+                _in_flight(-1)
                 raise TransportError(
                     f"cannot start {full[0]!r} (via {self.describe()}): {exc.strerror}"
                 ) from None
             with _LIVE_LOCK:
                 _LIVE[proc.pid] = proc
+            first = _proc_stat(proc.pid)
+            with _ACTIVE_LOCK:
+                _ACTIVE[proc.pid] = tag
+            killed: list[str] = []
             try:
                 timed_out = not _feed_and_wait(proc, stdin, timeout_s)
                 if timed_out:
@@ -672,6 +714,13 @@ class Transport:
             finally:
                 with _LIVE_LOCK:
                     _LIVE.pop(proc.pid, None)
+                killed = _end_leftovers(proc.pid, tag, first.start if first else None)
+                _in_flight(-1, proc.pid)
+                if killed:
+                    with contextlib.suppress(OSError):
+                        (log_dir / f"{name}.killed").write_text(
+                            "".join(f"{line}\n" for line in killed), encoding="utf-8"
+                        )
         return RunResult(
             argv=tuple(full),
             returncode=proc.returncode,
@@ -679,6 +728,7 @@ class Transport:
             elapsed_s=time.monotonic() - start,
             stdout_path=out_path,
             stderr_path=err_path,
+            killed=tuple(killed),
         )
 
     def run_agent(
@@ -775,3 +825,167 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+# ---- what a run leaves behind ----------------------------------------------------------------
+#
+# A command that exits normally may leave children running (``sleep 30 &``), and a ``setsid``
+# child leaves the process group that the timeout kills. After every run, everything it
+# started is ended: its process group, every process that still carries the run's tag in its
+# environment (set in the run's env and inherited unless a child clears it), and — with this
+# process a child subreaper on Linux (``PR_SET_CHILD_SUBREAPER``), so orphans are re-parented
+# to envbisect instead of init — any re-parented orphan in another session, when no other run
+# is in flight that it could belong to. Through a layer chain this covers the local hop
+# (ssh, docker exec, ...); what a far side leaves is that side's own.
+
+RUN_TAG_ENV = "ENVBISECT_RUN_TAG"
+_PR_SET_CHILD_SUBREAPER = 36
+_SUBREAPER: bool | None = None
+_ACTIVE: dict[int, str] = {}  # pid of a run's first process -> its tag, while it runs
+_IN_FLIGHT = 0  # runs between their start and their cleanup (counted before the fork)
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _in_flight(delta: int, pid: int | None = None) -> None:
+    global _IN_FLIGHT
+    with _ACTIVE_LOCK:
+        _IN_FLIGHT += delta
+        if pid is not None:
+            _ACTIVE.pop(pid, None)
+
+
+def _become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux; once)."""
+    global _SUBREAPER
+    if _SUBREAPER is None:
+        _SUBREAPER = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                _SUBREAPER = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            except (OSError, AttributeError):
+                _SUBREAPER = False
+    return _SUBREAPER
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    start: int  # clock ticks after boot
+
+
+def _proc_stat(pid: int) -> _Proc | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return _Proc(
+            pid, int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode(), int(fields[19])
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def _has_tag(pid: int, tag: str) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{RUN_TAG_ENV}={tag}".encode() in environ.split(b"\0")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(w.decode("utf-8", "replace") for w in words if w)
+    return text[:200] or "?"
+
+
+def _leftovers(pgid: int, tag: str, since: int | None) -> list[_Proc]:
+    """Processes of the run started as ``pgid`` (and tagged ``tag``) that still exist.
+
+    An untagged orphan (its environment cleared) counts only when it was re-parented to this
+    process, sits in another session, started after the run did (``since``) and no other run
+    is in flight that it could belong to.
+    """
+    me, my_sid, uid = os.getpid(), os.getsid(0), os.getuid()
+    with _ACTIVE_LOCK:
+        others = {pid for pid in _ACTIVE if pid != pgid}
+        alone = _IN_FLIGHT <= 1
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me or pid in others:
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+        except OSError:
+            continue
+        st = _proc_stat(pid)
+        if st is None:
+            continue
+        orphan = (
+            _SUBREAPER
+            and alone
+            and st.ppid == me
+            and st.sid != my_sid
+            and since is not None
+            and st.start >= since
+        )
+        if st.pgid == pgid or orphan or _has_tag(pid, tag):
+            found.append(st)
+    return found
+
+
+def _end_leftovers(pgid: int, tag: str, since: int | None) -> list[str]:
+    """End (SIGKILL) and reap whatever the run left; returns ``pid command`` per process."""
+    if not sys.platform.startswith("linux"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        return []
+    killed: list[str] = []
+    seen: set[int] = set()
+    for _ in range(5):  # a child may fork while its parent is being ended: look again
+        procs = _leftovers(pgid, tag, since)
+        alive = [p for p in procs if p.state != "Z" and p.pid not in seen]
+        for p in alive:
+            killed.append(f"{p.pid} {_cmdline(p.pid)}")
+            seen.add(p.pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        _reap(p.pid for p in procs if p.ppid == os.getpid())
+        if not alive:
+            break
+    return killed
+
+
+def _reap(pids: Iterable[int]) -> None:
+    """Collect the exit status of re-parented orphans (only those: never a Popen's child)."""
+    for pid in pids:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            time.sleep(0.005)
