@@ -102,6 +102,10 @@ def test_explicit_path_and_missing_path(tmp_path: Path) -> None:
         ("threshold: [1]\n", "'threshold'"),
         ("metric_regex: 'tok/s'\n", "'metric_regex': needs one group"),
         ("repeats: 0\n", "'repeats' must be a positive whole number"),
+        ("index_url: 5\n", "'index_url' must be a string"),
+        ("good: 5\n", "'good' must be a string"),
+        ("label: a\nlabel: b\n", "line 2: duplicate key 'label' (first at line 1)"),
+        ("repos: &r [a]\ndata: *r\n", "alias (*name)"),
     ],
 )
 def test_bad_config_is_one_line_naming_file_and_field(

@@ -27,7 +27,7 @@ def test_parse_ktoks(text: str, value: float) -> None:
     assert parse_ktoks(text) == value
 
 
-@pytest.mark.parametrize("text", ["fast", "-3", "0", "k"])
+@pytest.mark.parametrize("text", ["fast", "-3", "0", "k", "inf", "1e400", "nan", "-inf"])
 def test_parse_ktoks_rejects_nonsense_in_one_line(text: str) -> None:
     with pytest.raises(UsageError, match="--until-ktoks"):
         parse_ktoks(text)
@@ -129,3 +129,23 @@ def test_failures_are_named() -> None:
         ).tok_per_s
         == 7.5
     )
+
+
+@pytest.mark.parametrize("raw", ["Infinity", "1e999", "NaN", "-Infinity"])
+def test_a_non_finite_throughput_is_a_crash_not_a_sample(tmp_path: Path, raw: str) -> None:
+    line = b'ENVBISECT_RESULT {"ok": true, "tok_per_s": ' + raw.encode() + b"}\n"
+    m = measure(stdout=line, stderr=b"", returncode=0, timed_out=False)
+    assert m.tok_per_s is None
+    assert m.failure is not None and m.failure.startswith("crash: non-finite throughput")
+    result_file = tmp_path / "result.json"
+    result_file.write_text(f'{{"ok": true, "tok_per_s": {raw}}}')
+    m = measure(stdout=b"", stderr=b"", returncode=0, timed_out=False, result_file=result_file)
+    assert m.failure is not None and "non-finite throughput" in m.failure
+
+
+def test_a_non_finite_regex_match_is_a_crash_too() -> None:
+    spec = MetricSpec.parse(r"([0-9.e+]+) tok/s")
+    m = measure(
+        stdout=b"step 9: 1e999 tok/s\n", stderr=b"", returncode=0, timed_out=False, spec=spec
+    )
+    assert m.tok_per_s is None and m.failure == "crash: non-finite throughput (inf tok/s)"

@@ -106,7 +106,7 @@ class Config:
         return cls(
             root=v.root,
             path=path,
-            label=v.opt_str(data, "label"),
+            label=v.opt_str(data, "label", numbers=True),
             repos=tuple(v.path(p) for p in v.str_list(data, "repos")),
             files=tuple(v.glob(p) for p in v.str_list(data, "files")),
             data=tuple(v.path(p) for p in v.str_list(data, "data")),
@@ -197,21 +197,20 @@ def find_config(start: Path) -> Path | None:
 
 
 def _read_yaml(path: Path) -> Any:
-    import yaml
+    """The parsed file: a regular file of bounded size, strict YAML (no aliases, no duplicate
+    keys), the same rules as manifests (see ``manifest.read_bounded`` and ``parse_yaml``)."""
+    from envbisect.manifest import CONFIG_MAX_BYTES, YamlRefused, parse_yaml, read_bounded
 
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, CONFIG_MAX_BYTES, "config file").decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except YamlRefused as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+        return parse_yaml(text)
+    except YamlRefused as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _absolute(p: Path, base: Path) -> Path:
@@ -242,11 +241,13 @@ class _Validator:
     def location(self, text: str) -> str:
         return text if _is_url(text) else str(self.path(text))
 
-    def opt_str(self, data: dict[str, Any], name: str) -> str | None:
+    def opt_str(self, data: dict[str, Any], name: str, numbers: bool = False) -> str | None:
+        """A string field; ``numbers``: a bare number is taken as its text (labels)."""
         value = data.get(name)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        allowed = (str, int, float) if numbers else (str,)
+        if isinstance(value, bool) or not isinstance(value, allowed) or value == "":
             raise self.fail(name, "a string", value)
         return str(value)
 

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,185 @@ SECTIONS: tuple[str, ...] = (
 )
 
 # libyaml's safe loader/dumper when present: several times faster on big package lists.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+# What envbisect reads at most. A real machine's manifest is tens of KB (the H200 example in
+# manifests/ is 23 KB; 20,000 entries make about 3 MB). Parsing YAML costs about 1 s per
+# 1.5 MB here, and a 50 MB file of 500,000 keys took 82 s and 2.2 GB: such a file is not a
+# machine state but data (a dataset listed under files:, a log), so it is refused up front
+# with its size. ENVBISECT_MAX_MANIFEST_BYTES raises the limit for a user who means it.
+MANIFEST_MAX_BYTES = 16 * 1024 * 1024
+CONFIG_MAX_BYTES = 1024 * 1024
+MAX_BYTES_ENV = "ENVBISECT_MAX_MANIFEST_BYTES"
+# Deeper nesting than any manifest has (meta.target.via[...] is 4): refused, never recursed.
+MAX_DEPTH = 64
+
+
+class YamlRefused(ValueError):
+    """A file that is not read or parsed (the caller adds its path and its error class)."""
+
+
+class _StrictLoader(_BASE_LOADER):  # type: ignore[misc,valid-type]
+    """The safe loader, minus what manifests never need and attackers love: aliases (a
+    371-byte 'billion laughs' file expands to gigabytes in whatever walks it), merge keys,
+    and duplicate keys (the last one silently winning)."""
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        if node in self.constructed_objects:
+            # Only an alias (*name) reaches a node a second time.
+            raise YamlRefused(
+                f"line {node.start_mark.line + 1}: an anchor (&name) used again through an "
+                "alias (*name); manifests and envbisect.yaml never need aliases"
+            )
+        return super().construct_object(node, deep)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[tuple[str, str], int] = {}
+        for key_node, _value in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise YamlRefused(
+                    f"line {key_node.start_mark.line + 1}: uses a YAML merge key (<<); "
+                    "write the entries out"
+                )
+            if isinstance(key_node, yaml.ScalarNode):
+                ident = (key_node.tag, key_node.value)
+                if ident in seen:
+                    raise YamlRefused(
+                        f"line {key_node.start_mark.line + 1}: duplicate key "
+                        f"{key_node.value!r} (first at line {seen[ident]}); one would "
+                        "silently replace the other"
+                    )
+                seen[ident] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
+def max_bytes() -> int:
+    """The manifest size limit in bytes (``ENVBISECT_MAX_MANIFEST_BYTES`` overrides it)."""
+    raw = os.environ.get(MAX_BYTES_ENV)
+    if raw and raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return MANIFEST_MAX_BYTES
+
+
+def read_bounded(path: Path, limit: int, what: str = "manifest") -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes.
+
+    Opened without blocking (a FIFO with no writer must not hang) and checked with fstat
+    before any byte is read: a device (/dev/zero, /dev/urandom), FIFO, socket or directory is
+    refused, and so is a file over the limit, saying its size and the limit.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise YamlRefused(f"no such {what} file") from None
+    except IsADirectoryError:
+        raise YamlRefused(f"is a directory, not a {what} file") from None
+    except OSError as exc:
+        raise YamlRefused(f"cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise YamlRefused(f"is a directory, not a {what} file")
+        if not stat.S_ISREG(st.st_mode):
+            kind = _file_kind(st.st_mode)
+            raise YamlRefused(f"is {kind}, not a regular file; a {what} must be a file")
+        if st.st_size > limit:
+            raise YamlRefused(_too_large(st.st_size, limit, what))
+        with os.fdopen(fd, "rb", closefd=True) as fh:
+            fd = -1
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise YamlRefused(f"cannot read: {exc.strerror}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:  # it grew while being read
+        raise YamlRefused(_too_large(len(data), limit, what))
+    return data
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _too_large(size: int, limit: int, what: str) -> str:
+    hint = f" (set {MAX_BYTES_ENV} to read it anyway)" if what == "manifest" else ""
+    return (
+        f"is {_human(size)}, over the {_human(limit)} envbisect reads for a {what}: "
+        "a machine state takes well under 5 MB (20,000 entries make about 3 MB), so this is "
+        f"probably data (a dataset or log) rather than a {what}{hint}"
+    )
+
+
+def _human(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f} MB"
+    if n >= 1000:
+        return f"{n / 1e3:.1f} KB"
+    return f"{n} bytes"
+
+
+def parse_yaml(text: str) -> Any:
+    """Strict safe YAML: no aliases, merge keys or duplicate keys, bounded nesting."""
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise YamlRefused(f"malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels") from None
+    _check_depth(data)
+    return data
+
+
+def _pairs_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise YamlRefused(f"duplicate key {key!r}; one would silently replace the other")
+            seen.add(key)
+    return out
+
+
+def parse_json(text: str) -> Any:
+    """Strict JSON (no duplicate keys, bounded nesting), or None when ``text`` is not JSON."""
+    try:
+        data = json.loads(text, object_pairs_hook=_pairs_no_duplicates)
+    except RecursionError:
+        raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels") from None
+    except YamlRefused:
+        raise
+    except ValueError:
+        return None
+    _check_depth(data)
+    return data
+
+
+def _check_depth(data: Any) -> None:
+    """Refuse nesting deeper than MAX_DEPTH (iteratively: the check itself cannot overflow)."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
 
 # Sections whose every entry is itself a mapping of facts.
 _KEYED_SECTIONS: tuple[str, ...] = ("packages", "git", "files", "data", "caches", "probes")
@@ -128,6 +306,17 @@ class Manifest:
                     raise ManifestError(
                         f"{source}: field '{name}.{key}' must be a mapping, got {kind}"
                     )
+        for section, fields in _ENTRY_LEAF_TYPES.items():
+            for key, entry in sections.get(section, {}).items():
+                _check_leaves(source, f"{section}.{key}", entry, fields)
+        for name, fields in _TOP_LEAF_TYPES.items():
+            _check_leaves(source, name, sections.get(name, {}), fields)
+        for i, device in enumerate(sections.get("gpu", {}).get("devices") or ()):
+            if not isinstance(device, dict):
+                kind = type(device).__name__
+                raise ManifestError(
+                    f"{source}: field 'gpu.devices[{i}]' must be a mapping, got {kind}"
+                )
         for key, value in sections.get("env", {}).items():
             if not isinstance(value, (str, dict)):
                 kind = type(value).__name__
@@ -135,6 +324,64 @@ class Manifest:
                     f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
                 )
         return cls(sections=sections, path=path)
+
+
+# The leaf fields the code reads (per entry of a keyed section, and in the plain sections),
+# and the types they may have (None is always allowed: a
+# fact that was not collected). A wrong type is refused at load with the field's full name,
+# instead of a TypeError deep in diff or render.
+_STR = (str,)
+_INT = (int,)
+_BOOL = (bool,)
+_ENTRY_LEAF_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "packages": {
+        "version": _STR,
+        "installer": _STR,
+        "editable": _BOOL,
+        "direct_url": (str, dict),
+    },
+    "git": {"head": _STR, "branch": _STR, "dirty": _BOOL, "diff_sha256": _STR},
+    "files": {"sha256": _STR, "size": _INT, "blob": _STR},
+    "data": {"size": _INT, "records": _INT, "fingerprint": _STR},
+    "caches": {
+        "path": _STR,
+        "source": _STR,
+        "exists": _BOOL,
+        "files": _INT,
+        "bytes": _INT,
+        "digest": _STR,
+        "subdirs": (dict,),
+    },
+    "probes": {"status": _STR, "code_sha256": _STR},
+}
+_TOP_LEAF_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
+    "python": {"version": _STR, "implementation": _STR, "executable": _STR, "prefix": _STR},
+    "torch": {"version": _STR, "git_version": _STR},
+    "gpu": {"devices": (list,)},
+}
+
+
+def _check_leaves(source: str, where: str, entry: Any, fields: dict[str, tuple[type, ...]]) -> None:
+    if not isinstance(entry, dict):
+        return
+    for field, types in fields.items():
+        value = entry.get(field)
+        if value is None:
+            continue
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            want = " or ".join(
+                {
+                    "str": "a string",
+                    "int": "an integer",
+                    "bool": "true/false",
+                    "dict": "a mapping",
+                    "list": "a list",
+                }[t.__name__]
+                for t in types
+            )
+            kind = type(value).__name__
+            raise ManifestError(f"{source}: field '{where}.{field}' must be {want}, got {kind}")
 
 
 # Manifests at least this large get a parsed copy (JSON) in the parse cache: libyaml needs
@@ -151,8 +398,13 @@ def parse_cache_dir() -> Path:
     return Path(base) / "envbisect" / "manifests"
 
 
+# Bumped when loading gets stricter: a parse cached by an older, laxer loader (duplicate
+# keys silently merged) must not stand in for the file.
+_CACHE_VERSION = "v2"
+
+
 def _cache_path(raw: bytes) -> Path:
-    return parse_cache_dir() / f"{hashlib.sha256(raw).hexdigest()}.json"
+    return parse_cache_dir() / f"{hashlib.sha256(raw).hexdigest()}.{_CACHE_VERSION}.json"
 
 
 def _cache_store(raw: bytes, data: Any) -> None:
@@ -181,33 +433,23 @@ def load(path: str | Path) -> Manifest:
     """
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_bounded(p, max_bytes())
         text = raw.decode("utf-8")
-    except FileNotFoundError:
-        raise ManifestError(f"{p}: no such manifest file") from None
-    except IsADirectoryError:
-        raise ManifestError(f"{p}: is a directory, not a manifest file") from None
     except UnicodeDecodeError:
         raise ManifestError(f"{p}: not a text file") from None
-    except OSError as exc:
-        raise ManifestError(f"{p}: cannot read: {exc.strerror}") from None
+    except YamlRefused as exc:
+        raise ManifestError(f"{p}: {exc}") from None
     data: Any = _cache_lookup(raw)
-    if data is None and text.lstrip().startswith("{"):
-        # JSON is YAML, and a 20,000-entry manifest parses ~80x faster as JSON than through
-        # libyaml; anything that is not strict JSON falls through to the YAML loader.
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
-    if data is None:
-        try:
-            data = yaml.load(text, Loader=_LOADER)  # safe: a SafeLoader
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or "invalid YAML"
-            raise ManifestError(f"{p}: malformed YAML{where}: {problem}") from None
-        _cache_store(raw, data)
+    try:
+        if data is None and text.lstrip().startswith("{"):
+            # JSON is YAML, and a 20,000-entry manifest parses ~80x faster as JSON than
+            # through libyaml; anything that is not strict JSON falls through to YAML.
+            data = parse_json(text)
+        if data is None:
+            data = parse_yaml(text)
+            _cache_store(raw, data)
+    except YamlRefused as exc:
+        raise ManifestError(f"{p}: {exc}") from None
     return Manifest.from_dict(data, str(p), path=p)
 
 
@@ -230,6 +472,22 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_writable(flag: str, path: Path) -> None:
+    """UsageError unless ``path`` can be written as a file (before the work that fills it)."""
+    from envbisect.errors import UsageError
+
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the directory {parent} is not writable")
+    if len(os.fsencode(path.name)) > 255:
+        raise UsageError(f"{flag} {path}: the file name is longer than 255 bytes")
 
 
 def save(manifest: Manifest, path: Path) -> Path:

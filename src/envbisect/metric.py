@@ -218,8 +218,13 @@ def from_result(result: dict[str, Any], source: str) -> Measurement:
             why = str(error or "ok is false")
         kind = "oom" if "OutOfMemory" in why or "out of memory" in why else "crash"
         return Measurement(None, f"{kind}: {why}", source, result)
-    if isinstance(tok, (int, float)) and not isinstance(tok, bool) and tok >= 0:
-        return Measurement(float(tok), None, source, result)
+    if isinstance(tok, (int, float)) and not isinstance(tok, bool):
+        if not math.isfinite(float(tok)):
+            # Infinity, 1e999 or NaN: no run is that fast; counting it good or bad would
+            # decide a verdict on a broken number.
+            return Measurement(None, f"crash: non-finite throughput ({tok} tok/s)", source, result)
+        if tok >= 0:
+            return Measurement(float(tok), None, source, result)
     return Measurement(None, f"no metric: result has no tok_per_s ({source})", source, result)
 
 
@@ -277,7 +282,9 @@ def measure(
         value = spec.read(
             stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
         )
-        if value is not None:
+        if value is not None and not math.isfinite(value):
+            found = Measurement(None, f"crash: non-finite throughput ({value} tok/s)", "regex")
+        elif value is not None:
             found = Measurement(value, None, "regex")
     if returncode not in (0, None):
         if found is not None and found.failure is not None:

@@ -132,6 +132,8 @@ def default_output(manifest: Manifest, config: Config) -> Path:
     created = str(manifest.section("meta").get("created") or "")
     stamp = created.replace("-", "").replace(":", "") or time.strftime("%Y%m%dT%H%M%SZ")
     label = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in manifest.label)
+    while len(label.encode("utf-8")) > 100:  # a file name ends at 255 bytes; meta keeps it all
+        label = label[:-1]
     path = config.manifests_dir / f"{label}-{stamp}.yaml"
     n = 2
     while path.exists():

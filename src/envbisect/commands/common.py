@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -84,10 +85,30 @@ def session_root(config: Config, session_dir: str | None) -> Path:
     return Path(session_dir) if session_dir else config.root / ".envbisect" / "session"
 
 
+def seconds(ctx: click.Context, param: click.Parameter, value: Any) -> float:
+    """Callback of every ``--timeout``: a positive, finite number of seconds, else one
+    UsageError line (nan, inf, 0 and negatives would never end a run or end it at once)."""
+    from envbisect.errors import UsageError
+
+    name = param.opts[0] if param.opts else "--timeout"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} {value!r}: expected a number of seconds") from None
+    if not math.isfinite(number) or number <= 0:
+        raise UsageError(f"{name} {value}: must be a positive, finite number of seconds")
+    return number
+
+
 def timeout_option(func: F) -> F:
     """``--timeout SECONDS`` of one smoke run (check, run)."""
     return click.option(
-        "--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds per run."
+        "--timeout",
+        "timeout_s",
+        default=600.0,
+        show_default=True,
+        callback=seconds,
+        help="Seconds per run.",
     )(func)
 
 

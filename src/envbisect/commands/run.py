@@ -106,7 +106,7 @@ def command(
     from envbisect.agent.redact import redact_text
     from envbisect.bisect.workers import resolve as resolve_workers
     from envbisect.errors import UsageError
-    from envbisect.manifest import atomic_write_text
+    from envbisect.manifest import atomic_write_text, check_writable
     from envbisect.runner import RunOptions, run_bisect, validate_options
 
     config = load_config(config_path)
@@ -149,6 +149,10 @@ def command(
         workers=workers,
     )
     validate_options(options)
+    # Outputs are checked before the first trial: a typo must not cost a whole run.
+    for flag, path in (("--json", json_path), ("--report", report_path)):
+        if path and path != "-":
+            check_writable(flag, Path(path))
     goal = threshold.describe()
 
     # Progress is often tee'd to a file: it passes the same secret rules as the report.

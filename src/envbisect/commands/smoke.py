@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from envbisect.commands.common import config_option, resolve_target, target_options
+from envbisect.commands.common import config_option, resolve_target, seconds, target_options
 from envbisect.smoke.host import ATTN_BACKENDS, PRESETS
 
 
@@ -81,7 +81,7 @@ def _load_config(config_path: str | None) -> Any:
 @click.option(
     "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Set in the target; repeatable."
 )
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=900.0)
+@click.option("--timeout", "timeout_s", default=900.0, callback=seconds)
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @target_options

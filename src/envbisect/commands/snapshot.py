@@ -11,6 +11,7 @@ from envbisect.commands.common import (
     config_option,
     load_config,
     resolve_target,
+    seconds,
     target_options,
 )
 
@@ -33,8 +34,8 @@ from envbisect.commands.common import (
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=1),
     default=60.0,
+    callback=seconds,
     show_default=True,
     help="Seconds the collector may take in the target.",
 )
