@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -112,6 +113,38 @@ def test_large_manifest_parse_cache_is_keyed_by_content(tmp_path: Path) -> None:
     cached.write_text("{not json")
     path.write_bytes(raw)
     assert mf.load(path).sections["packages"]["pkg-00007"]["version"] == "1.7.0"
+
+
+def test_a_parse_cached_by_the_laxer_loader_does_not_hide_a_duplicate_key(tmp_path: Path) -> None:
+    from envbisect import manifest as mf
+
+    body = "".join(f"  pkg-{i:05d}: {{version: '1.{i}'}}\n" for i in range(9000))
+    path = tmp_path / "dup.yaml"
+    path.write_text(f"schema: {SCHEMA}\npackages:\n{body}  pkg-00001: {{version: '9'}}\n")
+    raw = path.read_bytes()
+    assert len(raw) >= mf.PARSE_CACHE_MIN_BYTES
+    # What the loader before issue 17 cached for this file (the last duplicate won):
+    legacy = mf.parse_cache_dir() / f"{hashlib.sha256(raw).hexdigest()}.json"
+    legacy.parent.mkdir(parents=True, exist_ok=True)
+    legacy.write_text(json.dumps({"schema": SCHEMA, "packages": {}}))
+    with pytest.raises(ManifestError, match="duplicate key 'pkg-00001'"):
+        mf.load(path)
+
+
+def test_a_large_json_manifest_is_checked_once_then_read_plainly(tmp_path: Path) -> None:
+    from envbisect import manifest as mf
+
+    packages = {f"pkg-{i:05d}": {"version": f"1.{i}"} for i in range(9000)}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"schema": SCHEMA, "packages": packages}))
+    assert not mf._json_checked(path.read_bytes())
+    assert mf.load(path).sections["packages"] == packages
+    assert mf._json_checked(path.read_bytes())
+    assert mf.load(path).sections["packages"] == packages
+    # An edit changes the hash: the edited file is checked again, duplicates and all.
+    path.write_text(path.read_text()[:-2] + ', "pkg-00001": {"version": "9"}}}')
+    with pytest.raises(ManifestError, match="duplicate key 'pkg-00001'"):
+        mf.load(path)
 
 
 # ---- hostile files: refused in one line, never a hang -----------------------------------------

@@ -412,6 +412,23 @@ def test_a_run_that_exits_normally_leaves_no_process_behind(tmp_path: Path) -> N
     assert (tmp_path / "run.killed").read_text().splitlines() == list(result.killed)
 
 
+@pytest.mark.skipif(shutil.which("perl") is None, reason="perl sets a process title like ssh")
+def test_an_ssh_control_master_is_left_to_serve_the_next_call(tmp_path: Path) -> None:
+    # ssh -o ControlPersist daemonizes a master (daemon(): a new session) titled
+    # "ssh: <socket> [mux]" (setproctitle); perl's $0 rewrites the title the same way.
+    title = f"ssh: {tmp_path}/eb-sock [mux]"
+    script = (
+        f"setsid perl -e '$0 = q{{{title}}}; sleep 300' & echo $! > {tmp_path}/mux.pid; "
+        "until grep -q mux /proc/$!/cmdline; do :; done"  # as ssh: titled before the call ends
+    )
+    result = Transport().run(["sh", "-c", script], timeout_s=60, log_dir=tmp_path)
+    pid = int((tmp_path / "mux.pid").read_text())
+    try:
+        assert not _gone(pid, within_s=0.5) and result.killed == ()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_run_that_leaves_nothing_kills_nothing(tmp_path: Path) -> None:
     result = Transport().run(["sh", "-c", "echo hi"], timeout_s=60, log_dir=tmp_path)
     assert result.killed == () and not (tmp_path / "run.killed").exists()

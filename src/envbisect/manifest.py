@@ -50,8 +50,8 @@ _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 # 1.5 MB here, and a 50 MB file of 500,000 keys took 82 s and 2.2 GB: such a file is not a
 # machine state but data (a dataset listed under files:, a log), so it is refused up front
 # with its size. ENVBISECT_MAX_MANIFEST_BYTES raises the limit for a user who means it.
-MANIFEST_MAX_BYTES = 16 * 1024 * 1024
-CONFIG_MAX_BYTES = 1024 * 1024
+MANIFEST_MAX_BYTES = 16_000_000
+CONFIG_MAX_BYTES = 1_000_000
 MAX_BYTES_ENV = "ENVBISECT_MAX_MANIFEST_BYTES"
 # Deeper nesting than any manifest has (meta.target.via[...] is 4): refused, never recursed.
 MAX_DEPTH = 64
@@ -415,6 +415,21 @@ def _cache_store(raw: bytes, data: Any) -> None:
         atomic_write_text(_cache_path(raw), json.dumps(data))
 
 
+def _json_marker(raw: bytes) -> Path:
+    return parse_cache_dir() / f"{hashlib.sha256(raw).hexdigest()}.{_CACHE_VERSION}.json-checked"
+
+
+def _json_checked(raw: bytes) -> bool:
+    return len(raw) >= PARSE_CACHE_MIN_BYTES and _json_marker(raw).exists()
+
+
+def _json_mark_checked(raw: bytes) -> None:
+    if len(raw) < PARSE_CACHE_MIN_BYTES:
+        return
+    with contextlib.suppress(OSError):
+        atomic_write_bytes(_json_marker(raw), b"")
+
+
 def _cache_lookup(raw: bytes) -> Any:
     if len(raw) < PARSE_CACHE_MIN_BYTES:
         return None
@@ -444,7 +459,15 @@ def load(path: str | Path) -> Manifest:
         if data is None and text.lstrip().startswith("{"):
             # JSON is YAML, and a 20,000-entry manifest parses ~80x faster as JSON than
             # through libyaml; anything that is not strict JSON falls through to YAML.
-            data = parse_json(text)
+            # The duplicate-key check triples JSON's cost: a large file that passed it once
+            # is remembered (an empty marker keyed by its sha256) and then read plainly.
+            if _json_checked(raw):
+                with contextlib.suppress(ValueError):
+                    data = json.loads(text)
+            if data is None:
+                data = parse_json(text)
+                if data is not None:
+                    _json_mark_checked(raw)
         if data is None:
             data = parse_yaml(text)
             _cache_store(raw, data)

@@ -836,7 +836,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 # process a child subreaper on Linux (``PR_SET_CHILD_SUBREAPER``), so orphans are re-parented
 # to envbisect instead of init — any re-parented orphan in another session, when no other run
 # is in flight that it could belong to. Through a layer chain this covers the local hop
-# (ssh, docker exec, ...); what a far side leaves is that side's own.
+# (ssh, docker exec, ...); what a far side leaves is that side's own. An ssh ControlPersist
+# master is the one thing left running: it exists to outlive the call that started it.
 
 RUN_TAG_ENV = "ENVBISECT_RUN_TAG"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -948,9 +949,16 @@ def _leftovers(pgid: int, tag: str, since: int | None) -> list[_Proc]:
             and since is not None
             and st.start >= since
         )
-        if st.pgid == pgid or orphan or _has_tag(pid, tag):
+        if (st.pgid == pgid or orphan or _has_tag(pid, tag)) and not _shared_helper(pid):
             found.append(st)
     return found
+
+
+def _shared_helper(pid: int) -> bool:
+    """An ssh ControlPersist master ("ssh: <socket> [mux]"): started by one call on purpose
+    to serve the next ones (README: per-call overhead ~0.3 s → ~0.03 s), so it is left be."""
+    cmd = _cmdline(pid)
+    return cmd.startswith("ssh: ") and cmd.endswith("[mux]")
 
 
 def _end_leftovers(pgid: int, tag: str, since: int | None) -> list[str]:

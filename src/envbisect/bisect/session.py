@@ -212,7 +212,12 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        # A zombie (killed, not yet reaped by its parent) answers kill(0) but holds nothing.
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
+    except OSError:
+        return True
 
 
 class Session:
