@@ -292,3 +292,40 @@ def test_a_command_with_one_figure_is_run_once_per_sample(tmp_path: Path) -> Non
     )
     assert res.samples == (2000.0, 2000.0)
     assert starts.read_text().count("start") == 2
+
+
+def test_children_left_by_a_smoke_command_that_exits_normally_are_ended(tmp_path: Path) -> None:
+    """`sleep 30 &` and a `setsid` child outlived a normal exit before issue 17."""
+    d = tmp_path
+    (d / "envbisect.yaml").write_text("{}\n")
+    script = (
+        f"rm -f {d}/bg.pid {d}/sid.pid; sleep 300 & echo $! > {d}/bg.pid; "
+        f"setsid sh -c 'echo $$ > {d}/sid.pid; exec sleep 301' & "
+        f"while [ ! -s {d}/sid.pid ] || [ ! -s {d}/bg.pid ]; do :; done; "
+        'echo ENVBISECT_RESULT \'{"ok": true, "tok_per_s": 5000}\''
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envbisect",
+            "check",
+            "--until-ktoks",
+            "1k",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    pids = [int((d / f"{name}.pid").read_text()) for name in ("bg", "sid")]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)

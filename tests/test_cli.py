@@ -38,6 +38,7 @@ def _world(tmp: Path) -> dict[str, str]:
     mapped = manifest(tmp / "mapped.yaml", packages={"torch": {"version": {"v": 1}}})
     (tmp / "a-file").write_text("not a directory\n")
     (tmp / "a-dir").mkdir()
+    (tmp / "envbisect.yaml").write_text("{}\n")  # no config of a parent dir is found
     return {
         "good": str(good),
         "bad": str(bad),
@@ -97,6 +98,7 @@ def test_user_mistakes_exit_2_with_one_line_from_a_real_process(
 
 def test_a_300_character_label_still_writes_its_snapshot(tmp_path: Path) -> None:
     label = "x" * 300
+    (tmp_path / "envbisect.yaml").write_text("{}\n")
     proc = subprocess.run(
         [
             sys.executable,

@@ -275,6 +275,7 @@ class _World:
         self.flags.mkdir()
         self.smoke = tmp / "smoke.py"
         self.smoke.write_text(_SMOKE)
+        (tmp / "envbisect.yaml").write_text("{}\n")  # no config of a parent dir is found
 
     def spawn(self, session: str, *extra: str) -> subprocess.Popen[str]:
         argv = [

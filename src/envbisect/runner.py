@@ -884,8 +884,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             "(continue with 'envbisect run --resume', clean up with 'envbisect reset')"
         ) from None
     finally:
+        _quietly(actuator.restore)  # first: it reports files kept as the user edited them
         session.journal.restore()
-        _quietly(actuator.restore)
         atexit.unregister(_quietly)
     out = _result(result, context, tester.index_of)
     if actuator.kept:  # files the user edited while the run went on: said again at the end
