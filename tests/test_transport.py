@@ -419,7 +419,9 @@ def test_an_ssh_control_master_is_left_to_serve_the_next_call(tmp_path: Path) ->
     title = f"ssh: {tmp_path}/eb-sock [mux]"
     script = (
         f"setsid perl -e '$0 = q{{{title}}}; sleep 300' & echo $! > {tmp_path}/mux.pid; "
-        "until grep -q mux /proc/$!/cmdline; do :; done"  # as ssh: titled before the call ends
+        # As ssh's: titled before the call ends (perl's own argv also holds "mux": wait for
+        # the title itself, which starts the cmdline).
+        'until [ "$(head -c 4 /proc/$!/cmdline)" = ssh: ]; do :; done'
     )
     result = Transport().run(["sh", "-c", script], timeout_s=60, log_dir=tmp_path)
     pid = int((tmp_path / "mux.pid").read_text())
