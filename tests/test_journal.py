@@ -437,3 +437,29 @@ def test_a_remote_target_follows_the_same_rules_through_the_shipped_agent(
     op("cleanup", all=True)
     other.journal.claim(f)  # released by the cleanup
     other.unlock()
+
+
+def test_a_child_forked_by_a_killed_holder_delays_reset_only_until_it_goes(
+    tmp_path: Path,
+) -> None:
+    # Killed while forking (the smoke command starts right after the swap), a holder leaves
+    # a child that shares the lock's open file until it execs: reset waits for it, briefly.
+    f = tmp_path / "cfg.ini"
+    f.write_bytes(b"original\n")
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        from pathlib import Path
+        from envbisect.bisect.session import Session
+        s = Session.start(Path(sys.argv[1]), {})
+        s.journal.swap(Path(sys.argv[2]), b"swapped\\n")
+        if os.fork() == 0:  # the child between fork and exec, holding every fd
+            time.sleep(1.0)
+            os._exit(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a"), str(f)], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    report = Session.existing(tmp_path / "a").reset()
+    assert report.restored == (f,) and f.read_bytes() == b"original\n"

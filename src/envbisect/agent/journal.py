@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 try:
@@ -215,9 +216,7 @@ def claim(target, owner, hold=True):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise JournalError(f"{target}: cannot take its lock {path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not _flock_soon(fd):
             other = _read_owner(fd)
             os.close(fd)
             raise JournalError(
@@ -259,6 +258,42 @@ def claim(target, owner, hold=True):
         _HELD[real] = (fd, owner.get("session"))
     else:
         os.close(fd)
+
+
+def _flock_soon(fd, grace_s=5.0):
+    """Take the flock; False while a live holder has it.
+
+    A holder killed while forking leaves a child that shares the lock until it execs (the
+    fd is close-on-exec): when the recorded owner is gone, wait a moment for that instead of
+    refusing.
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            pid = _read_owner(fd).get("pid")
+            if not isinstance(pid, int) or _alive(pid) or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+
+
+def _alive(pid):
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"  # a zombie holds nothing
 
 
 def _read_owner(fd):
