@@ -1,0 +1,170 @@
+"""One module per manifest section: what the section *is*.
+
+Each module defines a :class:`Section` subclass and registers it with :func:`register`:
+how its entries are read (a small frozen entry type), compared and described (``compare``),
+how its changes become units (``unit``, ``refine``, and for sections whose rules span
+several changes ``claim`` and ``regroup``) and why one is not bisectable (``reason``).
+``diff`` walks the registry; nothing outside a section's module asks ``section == ...``.
+How a unit is realized in a trial lives with the actuator (``envbisect.bisect.realizers``),
+keyed by the same section names. The collectors stay in the stdlib-only agent
+(``envbisect.collect.collector``), one ``collect_<section>`` each.
+
+Adding a section: a new module here with its Section subclass (and its test file); the
+package imports every module in this folder, so nothing else needs to change.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from envbisect.changes import Change, Found, Unit, differing, scalar_change
+from envbisect.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class DiffContext:
+    """What unit rules may consult beyond the change itself."""
+
+    good: Manifest
+    bad: Manifest
+    changes: tuple[Change, ...]
+    data_map: Mapping[str, str] = field(default_factory=dict)
+
+    def changed_keys(self, section: str) -> set[str]:
+        """Keys of ``section`` that changed."""
+        return {c.key for c in self.changes if c.section == section}
+
+    def entries(self, side: str, section: str) -> Mapping[str, Any]:
+        """The raw entries of ``section`` on the ``good`` or ``bad`` side."""
+        return (self.good if side == "good" else self.bad).section(section)
+
+
+class Section:
+    """A manifest section for ``diff``: compare entries, form units, say why not bisectable.
+
+    The defaults describe a section of plain values, one unit per key, not bisectable
+    (``reason``): a fact envbisect can only report.
+    """
+
+    name: ClassVar[str] = ""
+    word: ClassVar[str] = ""  # a unit's title is "<word> <key>"
+    rank: ClassVar[int] = 100  # where its units sort (torch stack first)
+    unit_section: ClassVar[str | None] = None  # the units' section, when not ``name``
+    bisectable: ClassVar[bool] = False
+    reason: ClassVar[str | None] = None
+    # Collection fails for the whole section at once (nvidia-smi, torch/version.py ...):
+    # a section-wide error in meta.errors explains any entry missing on that side.
+    fails_whole: ClassVar[bool] = False
+
+    def diff(self, src: tuple[str, str], g: Any, b: Any) -> Iterator[Found]:
+        """What differs between the two sides' raw section values."""
+        gs = g if isinstance(g, dict) else {}
+        bs = b if isinstance(b, dict) else {}
+        return self.compare(src, gs, bs)
+
+    def compare(
+        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
+    ) -> Iterator[Found]:
+        for key, old, new in differing(g, b):
+            yield Found(scalar_change(self.name, key, old, new), self.is_volatile(key))
+
+    def is_volatile(self, key: str) -> bool:
+        """Whether a change of ``key`` never changes what runs."""
+        return False
+
+    def reason_for(self, change: Change) -> str | None:
+        """Why a unit of ``change`` is not bisectable, or a note on its bisectability."""
+        return self.reason
+
+    def unit(self, change: Change) -> Unit:
+        """The unit of one change of this section."""
+        section = self.unit_section or self.name
+        word = self.word or self.name
+        return Unit(
+            f"{section}:{change.key}",
+            section,
+            f"{word} {change.key}",
+            (change,),
+            self.bisectable,
+            self.reason_for(change),
+        )
+
+    def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
+        """Bisectability that needs the full entries, not just the change."""
+        return unit
+
+    def claim(self, found: list[Found]) -> tuple[list[Unit], list[Found]]:
+        """Units formed from several changes at once, and the changes left to the others."""
+        return [], found
+
+    def regroup(self, units: list[Unit], ctx: DiffContext) -> list[Unit]:
+        """A pass over all units once formed (fold, annotate); default: as they are."""
+        return units
+
+
+@dataclass(frozen=True)
+class _Generic(Section):
+    """A section no module knows: its changes are reported, never bisected."""
+
+    section_name: str = ""
+
+    def diff(self, src: tuple[str, str], g: Any, b: Any) -> Iterator[Found]:
+        if isinstance(g, dict) and isinstance(b, dict):
+            for key, old, new in differing(g, b):
+                yield Found(scalar_change(self.section_name, str(key), old, new))
+        elif g != b:
+            yield Found(scalar_change(self.section_name, self.section_name, g, b))
+
+    def unit(self, change: Change) -> Unit:
+        s = self.section_name
+        reason = f"envbisect has no way to re-create facts of section '{s}'"
+        return Unit(f"{s}:{change.key}", s, f"{s} {change.key}", (change,), False, reason)
+
+
+_REGISTRY: dict[str, Section] = {}
+
+
+def register(cls: type[Section]) -> type[Section]:
+    """Class decorator: make ``cls`` the section named ``cls.name``."""
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get(name: str) -> Section:
+    """The section named ``name`` (a reporting-only one for a name no module knows)."""
+    found = _REGISTRY.get(name)
+    return found if found is not None else _Generic(section_name=name)
+
+
+def known() -> list[Section]:
+    """Every registered section, by rank."""
+    return sorted(_REGISTRY.values(), key=lambda s: (s.rank, s.name))
+
+
+def unit_sections() -> tuple[str, ...]:
+    """Unit sections, most regression-relevant first (``diff.SECTION_ORDER``)."""
+    out = [s.unit_section or s.name for s in known() if s.rank < Section.rank]
+    return tuple(dict.fromkeys(out))
+
+
+@functools.cache
+def _ranks() -> dict[str, int]:
+    return {s.unit_section or s.name: s.rank for s in known()}
+
+
+def rank_of(unit_section: str) -> int:
+    """Sort position of a unit section: known ones by rank, unknown ones after, meta last."""
+    return _ranks().get(unit_section, Section.rank)
+
+
+def _load_all() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_load_all()

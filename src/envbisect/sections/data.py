@@ -1,0 +1,81 @@
+"""``data``: datasets by path, ``{size, records, fingerprint}``. A change is a different
+size, record count or content fingerprint. A data unit is realizable only where
+envbisect.yaml's ``data_map`` says where the other version lives (``run`` checks it; diff
+only notes it). Realized by rewriting argv paths and ``ENVBISECT_DATA_<n>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from envbisect.changes import (
+    METADATA_NOTE,
+    Change,
+    Found,
+    Unit,
+    entry_pairs,
+    error_of,
+    human_bytes,
+    strip_volatile,
+)
+from envbisect.sections import DiffContext, Section, register
+
+
+@dataclass(frozen=True)
+class DataEntry:
+    """One dataset as a manifest records it."""
+
+    size: Any = None
+    records: Any = None
+    fingerprint: Any = None
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> DataEntry:
+        return cls(raw.get("size"), raw.get("records"), raw.get("fingerprint"))
+
+    def describe(self) -> str:
+        """``1,000 records, 2.0 MB`` (or the size alone)."""
+        size = human_bytes(self.size)
+        if isinstance(self.records, int):
+            return f"{self.records:,} records, {size}"
+        return size
+
+
+def _shown(raw: dict[str, Any]) -> str:
+    return error_of(raw) or DataEntry.from_raw(raw).describe()
+
+
+@register
+class Data(Section):
+    name = "data"
+    rank = 5
+    bisectable = True
+    reason = (
+        "bisectable only where envbisect.yaml's data_map says where the old dataset lives; "
+        "run decides"
+    )
+
+    def compare(
+        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
+    ) -> Iterator[Found]:
+        for pair in entry_pairs(self.name, src, g, b, _shown):
+            if pair.both and strip_volatile(pair.old) == strip_volatile(pair.new):
+                yield Found(pair.change(self.name, METADATA_NOTE), volatile=True)
+            elif pair.both and pair.shown_old == pair.shown_new:
+                note = "same size and records, different content (fingerprint)"
+                yield Found(pair.change(self.name, note))
+            else:
+                yield Found(pair.change(self.name))
+
+    def regroup(self, units: list[Unit], ctx: DiffContext) -> list[Unit]:
+        """A data unit whose old version data_map names: say where, not "only where ..."."""
+        return [self._mapped(u, ctx.data_map) for u in units] if ctx.data_map else units
+
+    def _mapped(self, unit: Unit, data_map: Mapping[str, str]) -> Unit:
+        change: Change = unit.changes[0]
+        if unit.section != self.name or change.key not in data_map:
+            return unit
+        where = data_map[change.key]
+        return replace(unit, reason=f"the other version is at {where} (data_map); run checks it")

@@ -1,0 +1,79 @@
+"""``probes``: monkey-patch probes by dotted name, ``{status: original|patched|missing,
+module_file, code_sha256}``. Never bisected on their own: a probe shows the *effect* of code
+changed elsewhere (a file, a package, a repo); bisection moves that cause and re-observes
+the probe in each trial. When the probe's module file is itself a changed file, the reason
+names that unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from envbisect.changes import METADATA_NOTE, Found, Unit, entry_pairs, error_of, strip_volatile
+from envbisect.sections import DiffContext, Section, register
+
+
+@dataclass(frozen=True)
+class ProbeEntry:
+    """One probe as a manifest records it."""
+
+    status: Any = None
+    module_file: Any = None
+    code_sha256: Any = None
+
+    @classmethod
+    def from_raw(cls, raw: Any) -> ProbeEntry | None:
+        if not isinstance(raw, Mapping):
+            return None
+        return cls(raw.get("status"), raw.get("module_file"), raw.get("code_sha256"))
+
+
+def _shown(raw: dict[str, Any]) -> Any:
+    return error_of(raw) or raw.get("status")
+
+
+def _note(old: ProbeEntry, new: ProbeEntry) -> str | None:
+    notes = []
+    if old.code_sha256 != new.code_sha256:
+        notes.append("code changed")
+    if old.module_file != new.module_file:
+        notes.append("defined in another file")
+    return "; ".join(notes) or None
+
+
+@register
+class Probes(Section):
+    name = "probes"
+    word = "probe"
+    rank = 7
+    reason = (
+        "a probe shows the effect of code changed elsewhere (a file, a package, a repo); "
+        "bisection moves that cause and re-checks the probe in each trial"
+    )
+
+    def compare(
+        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
+    ) -> Iterator[Found]:
+        for pair in entry_pairs(self.name, src, g, b, _shown):
+            old, new = ProbeEntry.from_raw(pair.old), ProbeEntry.from_raw(pair.new)
+            if old is None or new is None:
+                yield Found(pair.change(self.name))
+            elif strip_volatile(pair.old) == strip_volatile(pair.new):
+                yield Found(pair.change(self.name, METADATA_NOTE), volatile=True)
+            else:
+                yield Found(pair.change(self.name, _note(old, new)))
+
+    def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
+        key = unit.changes[0].key
+        raw = ctx.entries("bad", self.name).get(key) or ctx.entries("good", self.name).get(key)
+        entry = ProbeEntry.from_raw(raw)
+        module_file = entry.module_file if entry is not None else None
+        if isinstance(module_file, str) and module_file in ctx.changed_keys("files"):
+            reason = (
+                f"follows files:{module_file}: bisection moves that file, "
+                "and the probe is re-checked in each trial"
+            )
+            return replace(unit, reason=reason)
+        return unit
