@@ -359,23 +359,32 @@ def _scan_kubectl(words: list[str], text: str) -> tuple[list[str], list[int], bo
     and whether it asks for stdin (``-i``/``--stdin``)."""
     out = [words[0]]
     positional_at: list[int] = []
-    has_i = False
+    stdin: list[bool] = []
+
+    def take(i: int) -> int:
+        word = words[i]
+        if word.startswith("-") and len(word) > 1:
+            taken, is_stdin = _kubectl_option(words, i, text)
+            out.extend(words[i : i + taken])
+            stdin.append(is_stdin)
+            return taken
+        positional_at.append(len(out))
+        out.append(word)
+        return 1
+
+    _walk_to_dashdash(words, text, take)
+    return out, positional_at, any(stdin)
+
+
+def _walk_to_dashdash(words: list[str], text: str, take: Callable[[int], int]) -> None:
+    """Hand each word after the program to ``take(i)`` (which returns how many words it
+    took: an option's value is skipped) up to a ``--``, which must end the layer."""
     i = 1
     while i < len(words):
-        word = words[i]
-        if word == "--":
+        if words[i] == "--":
             _check_dashdash_last(words, i, text)
-            break
-        if word.startswith("-") and len(word) > 1:
-            taken, stdin = _kubectl_option(words, i, text)
-            out.extend(words[i : i + taken])
-            has_i = has_i or stdin
-            i += taken
-        else:
-            positional_at.append(len(out))
-            out.append(word)
-            i += 1
-    return out, positional_at, has_i
+            return
+        i += take(i)
 
 
 def _kubectl_option(words: list[str], i: int, text: str) -> tuple[int, bool]:
@@ -505,23 +514,23 @@ def _fix_srun(words: list[str], text: str) -> Layer:
 
 def _srun_ntasks(words: list[str], text: str) -> str | None:
     """The task count the layer's options ask for (the last one given), None if none."""
-    ntasks: str | None = None
-    i = 1
-    while i < len(words):
+    given: list[str] = []
+
+    def take(i: int) -> int:
         word = words[i]
-        if word == "--":
-            _check_dashdash_last(words, i, text)
-            break
         if not (word.startswith("-") and len(word) > 1):
             raise _bad(
                 text,
                 f"{word!r} is not an srun option, so it would be the command; "
                 "give the command its own --via",
             )
-        taken, given = _srun_option(words, i, text)
-        ntasks = ntasks if given is None else given
-        i += taken
-    return ntasks
+        taken, ntasks = _srun_option(words, i, text)
+        if ntasks is not None:
+            given.append(ntasks)
+        return taken
+
+    _walk_to_dashdash(words, text, take)
+    return given[-1] if given else None
 
 
 def _srun_option(words: list[str], i: int, text: str) -> tuple[int, str | None]:
