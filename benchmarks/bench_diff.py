@@ -39,7 +39,7 @@ from typing import Any
 import yaml
 
 from envbisect import manifest
-from envbisect.diff import diff_manifests
+from envbisect.diff import DiffResult, diff_manifests
 from envbisect.manifest import Manifest
 from envbisect.render import render, render_table
 
@@ -52,6 +52,13 @@ def h(text: str) -> str:
 
 def generate() -> tuple[Manifest, Manifest]:
     rnd = random.Random(20261202)
+    good = _good_sections(rnd)
+    bad = _drifted(good, rnd)
+    return Manifest(good), Manifest(bad)
+
+
+def _good_sections(rnd: random.Random) -> dict[str, Any]:
+    """The good side: N_PACKAGES packages, N_FILES files, one cache of N_SUBDIRS subdirs."""
     packages = {
         f"pkg-{i:05d}": {
             "version": f"{rnd.randint(0, 9)}.{rnd.randint(0, 30)}.{rnd.randint(0, 9)}",
@@ -77,7 +84,7 @@ def generate() -> tuple[Manifest, Manifest]:
         }
         for i in range(N_SUBDIRS)
     }
-    good = {
+    return {
         "meta": {"label": "good", "created": "2026-12-01T00:00:00Z", "host": "bench"},
         "system": {"os": "Ubuntu 24.04", "kernel": "6.8.0", "arch": "x86_64"},
         "python": {"version": "3.12.3", "implementation": "CPython"},
@@ -96,6 +103,11 @@ def generate() -> tuple[Manifest, Manifest]:
         },
         "env": {"CUDA_VISIBLE_DEVICES": "0"},
     }
+
+
+def _drifted(good: dict[str, Any], rnd: random.Random) -> dict[str, Any]:
+    """The bad side: 5 % of the packages upgraded, 2 % of the files changed, some of each
+    added and removed, a quarter of the cache grown, a new torch."""
     bad: dict[str, Any] = yaml.safe_load(yaml.safe_dump(good))  # a deep copy
     bad["meta"].update(label="bad", created="2026-12-02T00:00:00Z")
     bad["torch"] = {"version": "2.11.0+cu130", "cuda": "13.0"}
@@ -122,7 +134,7 @@ def generate() -> tuple[Manifest, Manifest]:
         cache["subdirs"][name]["bytes"] += 100
     cache["bytes"] += 100 * (N_SUBDIRS // 4)
     cache["digest"] = h("bad-cache")[:16]
-    return Manifest(good), Manifest(bad)
+    return bad
 
 
 def reference(good: Manifest, bad: Manifest) -> int:
@@ -179,47 +191,10 @@ def main() -> None:
     result = diff_manifests(good, bad)
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    slow_runs = max(3, args.runs // 3)  # YAML loads take seconds: fewer pairs
-    texts = [good_path.read_text(), bad_path.read_text()]
-    rows = [
-        (
-            "core diff vs dict-equality pass",
-            *paired(lambda: diff_manifests(good, bad), lambda: reference(good, bad), args.runs),
-        ),
-        (
-            "manifest.load x2 vs yaml.load x2",
-            *paired(
-                lambda: (manifest.load(good_path), manifest.load(bad_path)),
-                lambda: [yaml.load(t, Loader=loader) for t in texts],  # a safe loader
-                slow_runs,
-            ),
-        ),
-        (
-            "manifest.load x2: JSON-encoded vs YAML",
-            *paired(
-                lambda: (manifest.load(good_json), manifest.load(bad_json)),
-                lambda: (manifest.load(good_path), manifest.load(bad_path)),
-                slow_runs,
-            ),
-        ),
-        (
-            "render table vs render json",
-            *paired(lambda: render(result, "table"), lambda: render(result, "json"), args.runs),
-        ),
-        # The secret rules' cost (issue 16): each format against the same text unredacted.
-        (
-            "render table vs render_table (unredacted)",
-            *paired(lambda: render(result, "table"), lambda: render_table(result), args.runs),
-        ),
-        (
-            "render json vs json.dumps(as_dict()) (unredacted)",
-            *paired(
-                lambda: render(result, "json"),
-                lambda: json.dumps(result.as_dict(), indent=2, ensure_ascii=False, default=str),
-                args.runs,
-            ),
-        ),
-    ]
+    rows = _diff_rows(good, bad, args.runs) + _load_rows(
+        (good_path, bad_path), (good_json, bad_json), loader, max(3, args.runs // 3)
+    )
+    rows += _render_rows(result, args.runs)
     version = sys.version.split()[0]
     print(f"entries per manifest: {entries}; loader: {loader.__name__}; python {version}")
     print(f"result: {result.summary()}")
@@ -230,6 +205,66 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, ta, tb, ratio in rows:
         print(f"| {name} | {ta:.4f} | {tb:.4f} | {ratio:.2f} |")
+
+
+Row = tuple[str, float, float, float]
+
+
+def _diff_rows(good: Manifest, bad: Manifest, runs: int) -> list[Row]:
+    return [
+        (
+            "core diff vs dict-equality pass",
+            *paired(lambda: diff_manifests(good, bad), lambda: reference(good, bad), runs),
+        ),
+    ]
+
+
+def _load_rows(
+    yaml_paths: tuple[Path, Path], json_paths: tuple[Path, Path], loader: Any, runs: int
+) -> list[Row]:
+    """manifest.load against plain yaml.load, and of JSON against YAML (``runs``: fewer
+    pairs than the others, YAML loads take seconds)."""
+    texts = [path.read_text() for path in yaml_paths]
+    return [
+        (
+            "manifest.load x2 vs yaml.load x2",
+            *paired(
+                lambda: [manifest.load(path) for path in yaml_paths],
+                lambda: [yaml.load(t, Loader=loader) for t in texts],  # a safe loader
+                runs,
+            ),
+        ),
+        (
+            "manifest.load x2: JSON-encoded vs YAML",
+            *paired(
+                lambda: [manifest.load(path) for path in json_paths],
+                lambda: [manifest.load(path) for path in yaml_paths],
+                runs,
+            ),
+        ),
+    ]
+
+
+def _render_rows(result: DiffResult, runs: int) -> list[Row]:
+    return [
+        (
+            "render table vs render json",
+            *paired(lambda: render(result, "table"), lambda: render(result, "json"), runs),
+        ),
+        # The secret rules' cost (issue 16): each format against the same text unredacted.
+        (
+            "render table vs render_table (unredacted)",
+            *paired(lambda: render(result, "table"), lambda: render_table(result), runs),
+        ),
+        (
+            "render json vs json.dumps(as_dict()) (unredacted)",
+            *paired(
+                lambda: render(result, "json"),
+                lambda: json.dumps(result.as_dict(), indent=2, ensure_ascii=False, default=str),
+                runs,
+            ),
+        ),
+    ]
 
 
 if __name__ == "__main__":

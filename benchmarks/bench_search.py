@@ -298,11 +298,21 @@ def main() -> int:
     started = time.perf_counter()
     if args.only == "k":
         sizes = [n for n in args.sizes if n >= 8] or [8, 16, 32, 64]
-        goals = k_axis(args.seeds, sizes, args.ks)
-        print("\n### Goals (k workers)\n")
-        print("\n".join(goals))
-        print(f"\n{args.seeds} seeds per cell; {time.perf_counter() - started:.0f} s in all.")
-        return 0
+    else:
+        results = method_tables(args.seeds, args.sizes)
+        print("\n### Goals (engine)\n")
+        for n in args.sizes:
+            print(f"- N={n}: {engine_goals(results, n)}")
+        sizes = [n for n in args.sizes if n >= 8]
+    goals = k_axis(args.seeds, sizes, args.ks)
+    print("\n### Goals (k workers)\n")
+    print("\n".join(goals))
+    print(f"\n{args.seeds} seeds per cell; {time.perf_counter() - started:.0f} s in all.")
+    return 0
+
+
+def method_tables(seeds: int, sizes: list[int]) -> dict[tuple[str, int, str], Summary]:
+    """One table per case: every method over ``seeds`` oracles per size; the summaries."""
     results: dict[tuple[str, int, str], Summary] = {}
     for case in CASES:
         print(f"\n### {case.name}\n")
@@ -312,11 +322,11 @@ def main() -> int:
             "| one-at-a-time trials | one-at-a-time exact | one-at-a-time wrong |"
         )
         print("|---:" * 11 + "|")
-        for n in args.sizes:
+        for n in sizes:
             row: dict[str, Summary] = {}
             for method, fn in METHODS.items():
                 runs, truths = [], []
-                for seed in range(args.seeds):
+                for seed in range(seeds):
                     oracle = make_oracle(n, case.scenario, seed, cv=case.cv, drop=case.drop)
                     runs.append(fn(oracle, case))
                     truths.append(set(oracle.causes))
@@ -328,33 +338,29 @@ def main() -> int:
                 f"| {d.exact:.1%} | {d.wrong:.1%} | {o.mean_trials:.0f} | {o.exact:.1%} "
                 f"| {o.wrong:.1%} |"
             )
-    print("\n### Goals (engine)\n")
-    for n in args.sizes:
-        single = results[("single culprit", n, "engine")]
-        inter = results[("interaction (slow only together)", n, "engine")]
-        cv10 = results[("noise CV 10%, 3.0x drop", n, "engine")]
-        cv5 = results[("noise CV 5%, 1.3x drop", n, "engine")]
-        checks = [
-            (
-                f"single, no noise: max {single.max_trials} <= {log2c(n) + 3}, "
-                f"exact {single.exact:.1%}",
-                single.max_trials <= log2c(n) + 3 and single.exact == 1,
-            ),
-            (
-                f"interaction: max {inter.max_trials} <= {2 * log2c(n) + 5}, "
-                f"exact {inter.exact:.1%}",
-                inter.max_trials <= 2 * log2c(n) + 5 and inter.exact == 1,
-            ),
-            (f"CV10% 3x: exact {cv10.exact:.1%} >= 99%", cv10.exact >= 0.99),
-            (f"CV5% 1.3x: exact {cv5.exact:.1%} >= 95%", cv5.exact >= 0.95),
-        ]
-        marks = "; ".join(f"{text} {'met' if ok else 'MISSED'}" for text, ok in checks)
-        print(f"- N={n}: {marks}")
-    goals = k_axis(args.seeds, [n for n in args.sizes if n >= 8], args.ks)
-    print("\n### Goals (k workers)\n")
-    print("\n".join(goals))
-    print(f"\n{args.seeds} seeds per cell; {time.perf_counter() - started:.0f} s in all.")
-    return 0
+    return results
+
+
+def engine_goals(results: dict[tuple[str, int, str], Summary], n: int) -> str:
+    """The engine's goals at size ``n``, each marked met or MISSED."""
+    single = results[("single culprit", n, "engine")]
+    inter = results[("interaction (slow only together)", n, "engine")]
+    cv10 = results[("noise CV 10%, 3.0x drop", n, "engine")]
+    cv5 = results[("noise CV 5%, 1.3x drop", n, "engine")]
+    checks = [
+        (
+            f"single, no noise: max {single.max_trials} <= {log2c(n) + 3}, "
+            f"exact {single.exact:.1%}",
+            single.max_trials <= log2c(n) + 3 and single.exact == 1,
+        ),
+        (
+            f"interaction: max {inter.max_trials} <= {2 * log2c(n) + 5}, exact {inter.exact:.1%}",
+            inter.max_trials <= 2 * log2c(n) + 5 and inter.exact == 1,
+        ),
+        (f"CV10% 3x: exact {cv10.exact:.1%} >= 99%", cv10.exact >= 0.99),
+        (f"CV5% 1.3x: exact {cv5.exact:.1%} >= 95%", cv5.exact >= 0.95),
+    ]
+    return "; ".join(f"{text} {'met' if ok else 'MISSED'}" for text, ok in checks)
 
 
 if __name__ == "__main__":

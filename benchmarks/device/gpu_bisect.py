@@ -74,8 +74,40 @@ def main() -> int:
     tr = Transcript(out / "transcript.txt")
     py = sys.executable
     eb = [py, "-m", "envbisect"]
-    src = str(Path(__file__).resolve().parents[2] / "src")
+    cfg = _good_state(root, py)
+    good_env = _good_env(root)
+    good, bad = root / "manifests" / "good.yaml", root / "manifests" / "bad.yaml"
+    snap = [*eb, "snapshot", "--config", str(cfg), "--python", py]
+    tr.run([*snap, "--label", "good", "-o", str(good)], good_env, root)
+    good_median = _measure_good(tr, py, good_env, root)
 
+    tr.say("drifting: a commit, the field's patch, a grown dataset, three env vars")
+    bad_env = _drift(root, good_env)
+    tr.run([*snap, "--label", "bad", "-o", str(bad)], bad_env, root)
+    diff = tr.run([*eb, "diff", str(good), str(bad)], bad_env, root)
+    tr.say("diff:\n" + diff.stdout)
+
+    threshold = THRESHOLD_FRACTION * good_median
+    t = time.monotonic()
+    run_argv = [
+        *eb, "run", "--config", str(cfg), "--python", py,
+        "--good", str(good), "--bad", str(bad),
+        "--until-ktoks", f"{threshold / 1000:.1f}k",
+        "--session", str(root / "session"), "--timeout", "240",
+        "--json", str(out / "run.json"), "--report", str(out / "report.md"),
+    ]  # fmt: skip
+    run = tr.run(run_argv, bad_env, root)
+    tr.say(f"run: exit {run.returncode}, wall {time.monotonic() - t:.1f}s")
+    tr.say("run stdout:\n" + run.stdout)
+    _say_trial_walls(tr, root / "session")
+    shutil.copy(good, out / "good.yaml")
+    shutil.copy(bad, out / "bad.yaml")
+    return run.returncode
+
+
+def _good_state(root: Path, py: str) -> Path:
+    """The training repo (one commit), the dataset and envbisect.yaml under ``root``;
+    returns the config's path."""
     repo = root / "repo"
     shutil.copytree(FIXTURE / "repo", repo)
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
@@ -97,21 +129,27 @@ def main() -> int:
     }
     cfg = root / "envbisect.yaml"
     cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return cfg
+
+
+def _good_env(root: Path) -> dict[str, str]:
+    """This environment without the bad state's variables, caches under ``root``."""
     good_env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("TORCH_COMPILE_DISABLE", "PYTORCH_CUDA_ALLOC_CONF")
     }
     good_env.update(
-        PYTHONPATH=src,
+        PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"),
         TORCHINDUCTOR_CACHE_DIR=str(root / "cache" / "inductor"),
         TRITON_CACHE_DIR=str(root / "cache" / "triton"),
         OMP_NUM_THREADS="8",
     )
-    good, bad = root / "manifests" / "good.yaml", root / "manifests" / "bad.yaml"
-    snap = [*eb, "snapshot", "--config", str(cfg), "--python", py]
-    tr.run([*snap, "--label", "good", "-o", str(good)], good_env, root)
+    return good_env
 
+
+def _measure_good(tr: Transcript, py: str, good_env: dict[str, str], root: Path) -> float:
+    """The good state's median tok/s over 3 samples of one process."""
     tr.say("measuring the good state (3 samples from one process; warms the compile cache)")
     res_file = root / "good-smoke.json"
     tr.run([py, *SMOKE, "--samples", "3"], {**good_env, "ENVBISECT_RESULT": str(res_file)}, root)
@@ -122,8 +160,12 @@ def main() -> int:
         f"good: samples {[round(s) for s in samples]} tok/s, warm-up {result['warmup_s']:.1f}s, "
         f"MFU {100 * (result.get('mfu') or 0):.1f}%"
     )
+    return good_median
 
-    tr.say("drifting: a commit, the field's patch, a grown dataset, three env vars")
+
+def _drift(root: Path, good_env: dict[str, str]) -> dict[str, str]:
+    """Drift the files the way the field's box did; returns the bad state's environment."""
+    repo = root / "repo"
     train = repo / "train.py"
     train.write_text(train.read_text() + "\n# log every 10 steps\n")
     _git(repo, "commit", "-q", "-am", "train: log every 10 steps", when="2026-11-20T15:30:00Z")
@@ -131,56 +173,22 @@ def main() -> int:
     model.write_text(model.read_text() + FIELD_PATCH)
     (root / "data" / "prompts.jsonl").rename(root / "data" / "prompts-v1.jsonl")
     _write_prompts(root / "data" / "prompts.jsonl", 11000, seed=2, max_words=96)
-    bad_env = dict(
+    return dict(
         good_env,
         PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
         OMP_NUM_THREADS="4",
         TORCH_COMPILE_DISABLE="1",
     )
-    tr.run([*snap, "--label", "bad", "-o", str(bad)], bad_env, root)
-    diff = tr.run([*eb, "diff", str(good), str(bad)], bad_env, root)
-    tr.say("diff:\n" + diff.stdout)
 
-    threshold = THRESHOLD_FRACTION * good_median
-    t = time.monotonic()
-    run = tr.run(
-        [
-            *eb,
-            "run",
-            "--config",
-            str(cfg),
-            "--python",
-            py,
-            "--good",
-            str(good),
-            "--bad",
-            str(bad),
-            "--until-ktoks",
-            f"{threshold / 1000:.1f}k",
-            "--session",
-            str(root / "session"),
-            "--timeout",
-            "240",
-            "--json",
-            str(out / "run.json"),
-            "--report",
-            str(out / "report.md"),
-        ],  # fmt: skip
-        bad_env,
-        root,
-    )
-    tr.say(f"run: exit {run.returncode}, wall {time.monotonic() - t:.1f}s")
-    tr.say("run stdout:\n" + run.stdout)
-    trials = sorted((root / "session").glob("trials/*"))
-    for d in trials:
+
+def _say_trial_walls(tr: Transcript, session: Path) -> None:
+    """Each trial's drafter wall time per process, from the session's result files."""
+    for d in sorted(session.glob("trials/*")):
         walls = []
         for res in sorted(d.glob("*.result.json")):
             with contextlib.suppress(ValueError):
                 walls.append(round(json.loads(res.read_text()).get("elapsed_s") or 0, 1))
         tr.say(f"trial {d.name}: drafter elapsed_s per process {walls}")
-    shutil.copy(good, out / "good.yaml")
-    shutil.copy(bad, out / "bad.yaml")
-    return run.returncode
 
 
 if __name__ == "__main__":

@@ -127,53 +127,13 @@ def main(argv: list[str]) -> int:
             print(f"{name}\tskipped: matrix budget spent", flush=True)
             continue
         args, env_over = CONFIGS[name]
-        env = dict(os.environ, PYTHONPATH="src", PYTHONUNBUFFERED="1")
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", WARM)
-        env.update(env_over)
-        env["ENVBISECT_RESULT"] = os.path.join("/tmp", f"smoke-{name}.json")
-        argv_run = [sys.executable, "-m", "envbisect.smoke.drafter", *args]
         t0 = time.time()
-        with open(os.path.join(out_dir, "runs.log"), "a") as log:
-            log.write(f"\n===== {name}: {env_over} {args}\n")
-            log.flush()
-            argv_run.insert(1, "-Xfaulthandler")
-            proc = subprocess.Popen(argv_run, env=env, stdout=subprocess.PIPE, stderr=log)
-            try:
-                stdout, _ = proc.communicate(timeout=min(timeout, left))
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                proc.send_signal(signal.SIGABRT)  # faulthandler dumps every thread's stack
-                try:
-                    stdout, _ = proc.communicate(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    stdout, _ = proc.communicate()
-                rc = "timeout"
-            lines = [
-                ln for ln in stdout.decode().splitlines() if ln.startswith("ENVBISECT_RESULT ")
-            ]
-            res = json.loads(lines[-1][len("ENVBISECT_RESULT ") :]) if lines else None
+        rc, res = _run_config(name, out_dir, min(timeout, left))
         wall = time.time() - t0
         rec = {"name": name, "args": args, "env": env_over, "rc": rc, "wall_s": wall, "result": res}
         with open(os.path.join(out_dir, "results.jsonl"), "a") as fh:
             fh.write(json.dumps(rec) + "\n")
-        r = res or {}
-        err = r.get("error") or {}
-        row = (
-            name,
-            rc,
-            "{:.0f}".format(r["tok_per_s"]) if r.get("tok_per_s") else "-",
-            "%.1f%%" % (100 * r["mfu"]) if r.get("mfu") else "-",
-            "{:.1f}".format(r["warmup_s"]) if r.get("warmup_s") else "-",
-            "{:.3f}".format(r["step_s"]["median"]) if r.get("step_s") else "-",
-            "%.1f" % ((r.get("memory") or {}).get("peak_allocated_bytes", 0) / 2**30),
-            (r.get("dynamo") or {}).get("recompiles"),
-            r.get("flex_fallback"),
-            f"{wall:.0f}",
-            (err.get("class", "") + ": " + err.get("message", ""))[:70],
-            _threads_cell(r),
-            ",".join(f"{x:.0f}" for x in (r.get("samples") or []) if x),
-        )
+        row = _row(name, rc, res or {}, wall)
         rows.append(row)
         print("\t".join(str(x) for x in row), flush=True)
     print(
@@ -182,6 +142,55 @@ def main(argv: list[str]) -> int:
     for row in rows:
         print("\t".join(str(x) for x in row))
     return 0
+
+
+def _run_config(name: str, out_dir: str, timeout: float) -> tuple[int | str, dict | None]:
+    """Run the drafter with configuration ``name`` (its stderr into runs.log); its exit code
+    (or "timeout") and its result line, None when it printed none."""
+    args, env_over = CONFIGS[name]
+    env = dict(os.environ, PYTHONPATH="src", PYTHONUNBUFFERED="1")
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", WARM)
+    env.update(env_over)
+    env["ENVBISECT_RESULT"] = os.path.join("/tmp", f"smoke-{name}.json")
+    argv_run = [sys.executable, "-Xfaulthandler", "-m", "envbisect.smoke.drafter", *args]
+    with open(os.path.join(out_dir, "runs.log"), "a") as log:
+        log.write(f"\n===== {name}: {env_over} {args}\n")
+        log.flush()
+        proc = subprocess.Popen(argv_run, env=env, stdout=subprocess.PIPE, stderr=log)
+        rc: int | str
+        try:
+            stdout, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # faulthandler dumps every thread's stack
+            try:
+                stdout, _ = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, _ = proc.communicate()
+            rc = "timeout"
+    lines = [ln for ln in stdout.decode().splitlines() if ln.startswith("ENVBISECT_RESULT ")]
+    return rc, json.loads(lines[-1][len("ENVBISECT_RESULT ") :]) if lines else None
+
+
+def _row(name: str, rc: int | str, r: dict, wall: float) -> tuple:
+    """One configuration's line of the matrix table."""
+    err = r.get("error") or {}
+    return (
+        name,
+        rc,
+        "{:.0f}".format(r["tok_per_s"]) if r.get("tok_per_s") else "-",
+        "%.1f%%" % (100 * r["mfu"]) if r.get("mfu") else "-",
+        "{:.1f}".format(r["warmup_s"]) if r.get("warmup_s") else "-",
+        "{:.3f}".format(r["step_s"]["median"]) if r.get("step_s") else "-",
+        "%.1f" % ((r.get("memory") or {}).get("peak_allocated_bytes", 0) / 2**30),
+        (r.get("dynamo") or {}).get("recompiles"),
+        r.get("flex_fallback"),
+        f"{wall:.0f}",
+        (err.get("class", "") + ": " + err.get("message", ""))[:70],
+        _threads_cell(r),
+        ",".join(f"{x:.0f}" for x in (r.get("samples") or []) if x),
+    )
 
 
 if __name__ == "__main__":

@@ -373,58 +373,59 @@ class _Validator:
         targets: dict[Any, Any] = raw_targets if isinstance(raw_targets, dict) else {}
         out: list[WorkerConfig] = []
         for i, spec in enumerate(value):
-            where = f"workers[{i}]"
-            if not isinstance(spec, dict):
-                raise self.fail(where, "a mapping with 'name'", spec)
-            extra = sorted(
-                str(k) for k in spec if k not in ("name", "env", "target", "cpus", "slurm")
-            )
-            if extra:
-                raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
-            name = spec.get("name")
-            if (
-                not isinstance(name, str)
-                or not name
-                or not name.replace("-", "").replace("_", "").isalnum()
-            ):
-                raise self.fail(f"{where}.name", "a name of letters, digits, - and _", name)
-            if any(w.name == name for w in out):
-                raise ConfigError(f"{self.file}: field '{where}.name': {name!r} is used twice")
-            env = spec.get("env") or {}
-            if not isinstance(env, dict) or not all(
-                isinstance(k, str) and isinstance(x, (str, int)) and not isinstance(x, bool)
-                for k, x in env.items()
-            ):
-                raise self.fail(f"{where}.env", "a mapping of NAME: value", env)
-            target = spec.get("target")
-            if target is not None and (not isinstance(target, str) or target not in targets):
-                known = ", ".join(sorted(str(t) for t in targets)) or "none defined"
-                raise ConfigError(
-                    f"{self.file}: field '{where}.target': no target named {target!r} "
-                    f"under 'targets:' ({known})"
-                )
-            cpus = spec.get("cpus") or []
-            if not isinstance(cpus, list) or not all(
-                isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus
-            ):
-                raise self.fail(f"{where}.cpus", "a list of core numbers", cpus)
-            slurm = spec.get("slurm")
-            if slurm is not None:
-                slurm = self._slurm(slurm, f"{where}.slurm")
-                if target is not None:
-                    raise ConfigError(
-                        f"{self.file}: field '{where}': give 'target' or 'slurm', not both"
-                    )
-            out.append(
-                WorkerConfig(
-                    name=name,
-                    env={str(k): str(x) for k, x in env.items()},
-                    target=target,
-                    cpus=tuple(cpus),
-                    slurm=slurm,
-                )
-            )
+            out.append(self._worker(spec, f"workers[{i}]", targets, {w.name for w in out}))
         return tuple(out)
+
+    def _worker(
+        self, spec: Any, where: str, targets: dict[Any, Any], taken: set[str]
+    ) -> WorkerConfig:
+        """One entry of ``workers:``; ``taken``: the names of the entries before it."""
+        if not isinstance(spec, dict):
+            raise self.fail(where, "a mapping with 'name'", spec)
+        extra = sorted(str(k) for k in spec if k not in ("name", "env", "target", "cpus", "slurm"))
+        if extra:
+            raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
+        name = spec.get("name")
+        if (
+            not isinstance(name, str)
+            or not name
+            or not name.replace("-", "").replace("_", "").isalnum()
+        ):
+            raise self.fail(f"{where}.name", "a name of letters, digits, - and _", name)
+        if name in taken:
+            raise ConfigError(f"{self.file}: field '{where}.name': {name!r} is used twice")
+        env = spec.get("env") or {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(x, (str, int)) and not isinstance(x, bool)
+            for k, x in env.items()
+        ):
+            raise self.fail(f"{where}.env", "a mapping of NAME: value", env)
+        target = spec.get("target")
+        if target is not None and (not isinstance(target, str) or target not in targets):
+            known = ", ".join(sorted(str(t) for t in targets)) or "none defined"
+            raise ConfigError(
+                f"{self.file}: field '{where}.target': no target named {target!r} "
+                f"under 'targets:' ({known})"
+            )
+        cpus = spec.get("cpus") or []
+        if not isinstance(cpus, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus
+        ):
+            raise self.fail(f"{where}.cpus", "a list of core numbers", cpus)
+        slurm = spec.get("slurm")
+        if slurm is not None:
+            slurm = self._slurm(slurm, f"{where}.slurm")
+            if target is not None:
+                raise ConfigError(
+                    f"{self.file}: field '{where}': give 'target' or 'slurm', not both"
+                )
+        return WorkerConfig(
+            name=name,
+            env={str(k): str(x) for k, x in env.items()},
+            target=target,
+            cpus=tuple(cpus),
+            slurm=slurm,
+        )
 
     def _slurm(self, spec: Any, where: str) -> dict[str, Any]:
         if not isinstance(spec, dict):

@@ -266,64 +266,68 @@ class Manifest:
         """Validate the top level of a parsed manifest; ``source`` names it in errors."""
         if not isinstance(data, dict):
             raise ManifestError(f"{source}: not a manifest (top level is not a mapping)")
-        schema = data.get("schema")
-        if schema is None:
-            raise ManifestError(f"{source}: field 'schema' is missing (expected {SCHEMA!r})")
-        if not isinstance(schema, str) or "@" not in schema:
-            raise ManifestError(
-                f"{source}: field 'schema' must look like {SCHEMA!r}, got {schema!r}"
-            )
-        name, _, version = schema.partition("@")
-        if name != SCHEMA_NAME:
-            raise ManifestError(
-                f"{source}: field 'schema' is {schema!r}, not an envbisect manifest"
-            )
-        if not version.isdigit():
-            raise ManifestError(f"{source}: field 'schema' has a bad version {version!r}")
-        if int(version) > SCHEMA_VERSION:
-            raise ManifestError(
-                f"{source}: field 'schema' is {schema!r}, newer than this envbisect reads "
-                f"({SCHEMA}); upgrade envbisect"
-            )
-        sections = {k: v for k, v in data.items() if k != "schema"}
-        for name in SECTIONS:
-            if (
-                name in sections
-                and sections[name] is not None
-                and not isinstance(sections[name], dict)
-            ):
-                kind = type(sections[name]).__name__
-                raise ManifestError(f"{source}: field '{name}' must be a mapping, got {kind}")
-            if sections.get(name) is None and name in sections:
-                sections[name] = {}
-        errors = sections.get("meta", {}).get("errors", [])
-        if errors is not None and not isinstance(errors, list):
-            raise ManifestError(f"{source}: field 'meta.errors' must be a list")
-        for name in _KEYED_SECTIONS:
-            for key, entry in sections.get(name, {}).items():
-                if not isinstance(entry, dict):
-                    kind = type(entry).__name__
-                    raise ManifestError(
-                        f"{source}: field '{name}.{key}' must be a mapping, got {kind}"
-                    )
-        for section, fields in _ENTRY_LEAF_TYPES.items():
-            for key, entry in sections.get(section, {}).items():
-                _check_leaves(source, f"{section}.{key}", entry, fields)
-        for name, fields in _TOP_LEAF_TYPES.items():
-            _check_leaves(source, name, sections.get(name, {}), fields)
-        for i, device in enumerate(sections.get("gpu", {}).get("devices") or ()):
-            if not isinstance(device, dict):
-                kind = type(device).__name__
-                raise ManifestError(
-                    f"{source}: field 'gpu.devices[{i}]' must be a mapping, got {kind}"
-                )
-        for key, value in sections.get("env", {}).items():
-            if not isinstance(value, (str, dict)):
-                kind = type(value).__name__
-                raise ManifestError(
-                    f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
-                )
+        _check_schema(source, data.get("schema"))
+        sections = _section_mappings(source, data)
+        _check_section_contents(source, sections)
         return cls(sections=sections, path=path)
+
+
+def _check_schema(source: str, schema: Any) -> None:
+    """ManifestError unless ``schema`` names an envbisect manifest this version reads."""
+    if schema is None:
+        raise ManifestError(f"{source}: field 'schema' is missing (expected {SCHEMA!r})")
+    if not isinstance(schema, str) or "@" not in schema:
+        raise ManifestError(f"{source}: field 'schema' must look like {SCHEMA!r}, got {schema!r}")
+    name, _, version = schema.partition("@")
+    if name != SCHEMA_NAME:
+        raise ManifestError(f"{source}: field 'schema' is {schema!r}, not an envbisect manifest")
+    if not version.isdigit():
+        raise ManifestError(f"{source}: field 'schema' has a bad version {version!r}")
+    if int(version) > SCHEMA_VERSION:
+        raise ManifestError(
+            f"{source}: field 'schema' is {schema!r}, newer than this envbisect reads "
+            f"({SCHEMA}); upgrade envbisect"
+        )
+
+
+def _section_mappings(source: str, data: dict[str, Any]) -> dict[str, Any]:
+    """Every key but ``schema``; a known section must be a mapping (an empty one is read
+    as ``{}``); unknown sections are kept as they are."""
+    sections = {k: v for k, v in data.items() if k != "schema"}
+    for name in SECTIONS:
+        if name in sections and sections[name] is not None and not isinstance(sections[name], dict):
+            kind = type(sections[name]).__name__
+            raise ManifestError(f"{source}: field '{name}' must be a mapping, got {kind}")
+        if sections.get(name) is None and name in sections:
+            sections[name] = {}
+    return sections
+
+
+def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
+    """The fields inside the sections that the code reads have the types it expects."""
+    errors = sections.get("meta", {}).get("errors", [])
+    if errors is not None and not isinstance(errors, list):
+        raise ManifestError(f"{source}: field 'meta.errors' must be a list")
+    for name in _KEYED_SECTIONS:
+        for key, entry in sections.get(name, {}).items():
+            if not isinstance(entry, dict):
+                kind = type(entry).__name__
+                raise ManifestError(f"{source}: field '{name}.{key}' must be a mapping, got {kind}")
+    for section, fields in _ENTRY_LEAF_TYPES.items():
+        for key, entry in sections.get(section, {}).items():
+            _check_leaves(source, f"{section}.{key}", entry, fields)
+    for name, fields in _TOP_LEAF_TYPES.items():
+        _check_leaves(source, name, sections.get(name, {}), fields)
+    for i, device in enumerate(sections.get("gpu", {}).get("devices") or ()):
+        if not isinstance(device, dict):
+            kind = type(device).__name__
+            raise ManifestError(f"{source}: field 'gpu.devices[{i}]' must be a mapping, got {kind}")
+    for key, value in sections.get("env", {}).items():
+        if not isinstance(value, (str, dict)):
+            kind = type(value).__name__
+            raise ManifestError(
+                f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
+            )
 
 
 # The leaf fields the code reads (per entry of a keyed section, and in the plain sections),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -136,52 +137,56 @@ def render_table(result: DiffResult, *, color: bool = False) -> str:
     data = result.as_dict()
     lines = [_side_line("good", data["good"]), _side_line("bad", data["bad"]), ""]
     for section, units in _groups(result):
-        title = _SECTION_TITLES.get(section, section)
-        if section == "torch-stack":
-            title = units[0].title
-        n_changes = sum(len(u.changes) for u in units)
-        count = f"{len(units)} unit{'s' if len(units) != 1 else ''}"
-        if n_changes != len(units):
-            count += f", {n_changes} changes"
-        if not any(u.bisectable for u in units):
-            count += ", not bisectable"
-        lines.append(style(f"{title}  ({count})", bold=True))
-        rows = []
-        for unit in units:
-            changes, wheels = list(unit.changes), []
-            if unit.id == "torch-stack" and not result.sections_filter:
-                wheels = [c for c in changes if _is_cuda_wheel(c)]
-                if len(wheels) > FOLD_WHEELS:
-                    changes = [c for c in changes if not _is_cuda_wheel(c)]
-                else:
-                    wheels = []
-            shown = {(c.old, c.new) for c in changes if c.section == "packages"}
-            for c in changes:
-                if (
-                    c.section == "torch"
-                    and c.key in ("version", "triton")
-                    and (c.old, c.new) in shown
-                ):
-                    continue  # torch's own version/triton facts repeat the package rows
-                kind = style(change_text(c), fg=_KIND_COLORS[c.kind])
-                rows.append([change_label(c), show_value(c.old), show_value(c.new), kind])
-            if wheels:
-                rows.append(_wheel_row(wheels))
+        lines.append(style(_group_heading(section, units), bold=True))
+        rows = [row for unit in units for row in _unit_rows(result, unit, style)]
         table = tabulate(rows, headers=["", "good", "bad", "change"], disable_numparse=True)
         lines.extend("  " + row for row in table.splitlines())
         lines.append("")
-    blocked = [u for u in result.units if not u.bisectable]
-    if blocked:
-        lines.append(style("not bisectable:", bold=True))
-        lines.extend(f"  {u.id}: {u.reason}" for u in blocked)
-        lines.append("")
-    notes = [u for u in result.units if u.bisectable and u.reason]
-    if notes:
-        lines.append(style("notes:", bold=True))
-        lines.extend(f"  {u.id}: {u.reason}" for u in notes)
-        lines.append("")
+    for heading, listed in (
+        ("not bisectable:", [u for u in result.units if not u.bisectable]),
+        ("notes:", [u for u in result.units if u.bisectable and u.reason]),
+    ):
+        if listed:
+            lines.append(style(heading, bold=True))
+            lines.extend(f"  {u.id}: {u.reason}" for u in listed)
+            lines.append("")
     lines.append(style(result.summary(), bold=True))
     return "\n".join(lines) + "\n"
+
+
+def _group_heading(section: str, units: list[Unit]) -> str:
+    """``Title  (N units, M changes[, not bisectable])``."""
+    title = _SECTION_TITLES.get(section, section)
+    if section == "torch-stack":
+        title = units[0].title
+    n_changes = sum(len(u.changes) for u in units)
+    count = f"{len(units)} unit{'s' if len(units) != 1 else ''}"
+    if n_changes != len(units):
+        count += f", {n_changes} changes"
+    if not any(u.bisectable for u in units):
+        count += ", not bisectable"
+    return f"{title}  ({count})"
+
+
+def _unit_rows(result: DiffResult, unit: Unit, style: Callable[..., str]) -> list[list[str]]:
+    """A unit's table rows; many CUDA wheels of the torch stack fold into one row."""
+    changes, wheels = list(unit.changes), []
+    if unit.id == "torch-stack" and not result.sections_filter:
+        wheels = [c for c in changes if _is_cuda_wheel(c)]
+        if len(wheels) > FOLD_WHEELS:
+            changes = [c for c in changes if not _is_cuda_wheel(c)]
+        else:
+            wheels = []
+    shown = {(c.old, c.new) for c in changes if c.section == "packages"}
+    rows = []
+    for c in changes:
+        if c.section == "torch" and c.key in ("version", "triton") and (c.old, c.new) in shown:
+            continue  # torch's own version/triton facts repeat the package rows
+        kind = style(change_text(c), fg=_KIND_COLORS[c.kind])
+        rows.append([change_label(c), show_value(c.old), show_value(c.new), kind])
+    if wheels:
+        rows.append(_wheel_row(wheels))
+    return rows
 
 
 def _md(text: str) -> str:

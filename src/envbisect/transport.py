@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from envbisect.agent.bundle import Bundle, build_bundle, find_frame
 from envbisect.errors import TransportError
@@ -214,78 +214,85 @@ def _ends_in_shell_c(words: Sequence[str]) -> bool:
 
 _SSH_FLAGS = frozenset("46AaCfGgKkMNnqsTtVvXxYy")
 _SSH_WITH_VALUE = frozenset("BbcDEeFIiJLlmOoPpQRSWw")
+# Options that cannot work for a program sent on stdin, and why (checked before anything else).
+_SSH_REFUSED = {
+    "W": "ssh -W forwards a port and runs no remote command; drop it",
+    "t": "ssh must not get -t: a tty mangles the program on stdin and the result; "
+    "envbisect adds -T",
+    "n": "ssh must not get -n: it would cut off the program that envbisect sends on stdin",
+    **{c: f"ssh -{c} runs no remote command; drop it" for c in "Nfs"},
+}
 
 
 def _fix_ssh(words: list[str], text: str) -> Layer:
     opts = words[1:]
-    has_t_flag = has_batch = False
-    dest: str | None = None
-    i = 0
-    while i < len(opts):
-        word = opts[i]
-        if word == "--":
-            if i + 1 < len(opts):
-                dest = opts[i + 1]
-                i += 2
-            break
-        if not (word.startswith("-") and len(word) > 1):
-            dest = word
-            i += 1
-            break
-        j = 1
-        while j < len(word):
-            c = word[j]
-            if c == "W":
-                raise _bad(text, "ssh -W forwards a port and runs no remote command; drop it")
-            if c in _SSH_WITH_VALUE:
-                value = word[j + 1 :]
-                if not value:
-                    if i + 1 >= len(opts):
-                        raise _bad(text, f"ssh option -{c} needs a value")
-                    i += 1
-                    value = opts[i]
-                if c == "o":
-                    key, _, val = value.replace("=", " ", 1).partition(" ")
-                    if key.lower() == "batchmode":
-                        has_batch = True
-                    if key.lower() == "requesttty" and val.strip().lower() in ("yes", "force"):
-                        raise _bad(
-                            text,
-                            "ssh must not request a tty (RequestTTY): a tty "
-                            "mangles the program on stdin and the result",
-                        )
-                break
-            if c == "t":
-                raise _bad(
-                    text,
-                    "ssh must not get -t: a tty mangles the program on stdin "
-                    "and the result; envbisect adds -T",
-                )
-            if c == "n":
-                raise _bad(
-                    text,
-                    "ssh must not get -n: it would cut off the program that "
-                    "envbisect sends on stdin",
-                )
-            if c in "Nfs":
-                raise _bad(text, f"ssh -{c} runs no remote command; drop it")
-            if c == "T":
-                has_t_flag = True
-            if c not in _SSH_FLAGS:
-                raise _bad(text, f"unknown ssh option -{c}")
-            j += 1
-        i += 1
-    if dest is None:
+    given: set[str] = set()  # "T" and/or "BatchMode", when the layer already has them
+    dest_at = _ssh_destination_at(opts, text, given)
+    if dest_at is None:
         raise _bad(text, "ssh names no destination (e.g. 'ssh root@10.1.2.6')")
-    if i < len(opts):
-        rest = shell_join(opts[i:])
+    if dest_at + 1 < len(opts):
+        rest = shell_join(opts[dest_at + 1 :])
         raise _bad(
             text,
             f"words after the ssh destination ({rest}) would be a remote command; "
             "give each hop its own --via, e.g. --via 'ssh host' --via 'pct exec 200 --'",
         )
-    added = ([] if has_t_flag else ["-T"]) + ([] if has_batch else ["-o", "BatchMode=yes"])
+    added = ([] if "T" in given else ["-T"]) + (
+        [] if "BatchMode" in given else ["-o", "BatchMode=yes"]
+    )
     return Layer((words[0], *added, *opts), LayerKind.SHELL)
+
+
+def _next_value(words: Sequence[str], i: int, tool: str, option: str, text: str) -> str:
+    """The word after ``words[i]``: the value of ``option``, which is missing at the end."""
+    if i + 1 >= len(words):
+        raise _bad(text, f"{tool} option {option} needs a value")
+    return words[i + 1]
+
+
+def _ssh_destination_at(opts: list[str], text: str, given: set[str]) -> int | None:
+    """Index of the destination in ``opts`` after checking every option before it."""
+    i = 0
+    while i < len(opts):
+        word = opts[i]
+        if word == "--":
+            return i + 1 if i + 1 < len(opts) else None
+        if not (word.startswith("-") and len(word) > 1):
+            return i
+        i += _ssh_option_cluster(opts, i, text, given)
+    return None
+
+
+def _ssh_option_cluster(opts: list[str], i: int, text: str, given: set[str]) -> int:
+    """Check one option word (``-TAo BatchMode=yes``); returns how many words it took."""
+    word = opts[i]
+    for j, c in enumerate(word[1:], 1):
+        if c in _SSH_REFUSED:
+            raise _bad(text, _SSH_REFUSED[c])
+        if c in _SSH_WITH_VALUE:
+            value = word[j + 1 :]
+            taken = 1 if value else 2
+            value = value or _next_value(opts, i, "ssh", f"-{c}", text)
+            if c == "o" and _ssh_config_option(value, text) == "batchmode":
+                given.add("BatchMode")
+            return taken
+        if c not in _SSH_FLAGS:
+            raise _bad(text, f"unknown ssh option -{c}")
+        if c == "T":
+            given.add("T")
+    return 1
+
+
+def _ssh_config_option(value: str, text: str) -> str:
+    """The key of an ``-o Key=value``, lower-cased; a tty request is refused."""
+    key, _, val = value.replace("=", " ", 1).partition(" ")
+    if key.lower() == "requesttty" and val.strip().lower() in ("yes", "force"):
+        raise _bad(
+            text,
+            "ssh must not request a tty (RequestTTY): a tty "
+            "mangles the program on stdin and the result",
+        )
+    return key.lower()
 
 
 # ---- container and scheduler layers -----------------------------------------------------
@@ -329,50 +336,8 @@ _KUBECTL_VALUE = _words(
 
 
 def _fix_kubectl(words: list[str], text: str) -> Layer:
-    out = [words[0]]
-    positional: list[str] = []
-    has_i = False
-    exec_at = -1
-    i = 1
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            _check_dashdash_last(words, i, text)
-            break
-        if word.startswith("--"):
-            name, eq, value = word.partition("=")
-            if name == "--tty" and value.lower() not in ("false", "0"):
-                raise _tty_error(text, "kubectl", "--tty")
-            if name == "--stdin" and value.lower() not in ("false", "0"):
-                has_i = True
-            out.append(word)
-            if name in _KUBECTL_VALUE and not eq:
-                if i + 1 >= len(words):
-                    raise _bad(text, f"kubectl option {name} needs a value")
-                out.append(words[i + 1])
-                i += 1
-        elif word.startswith("-") and len(word) > 1:
-            out.append(word)
-            if word[:2] in _KUBECTL_VALUE:
-                if len(word) == 2:
-                    if i + 1 >= len(words):
-                        raise _bad(text, f"kubectl option {word} needs a value")
-                    out.append(words[i + 1])
-                    i += 1
-            else:
-                for c in word[1:]:
-                    if c == "t":
-                        raise _tty_error(text, "kubectl", "-t")
-                    if c == "i":
-                        has_i = True
-                    elif c != "q":
-                        raise _bad(text, f"unknown kubectl option -{c} in {word!r}")
-        else:
-            positional.append(word)
-            if word == "exec" and exec_at < 0:
-                exec_at = len(out)
-            out.append(word)
-        i += 1
+    out, positional_at, has_i = _scan_kubectl(words, text)
+    positional = [out[k] for k in positional_at]
     if not positional or positional[0] != "exec":
         raise _bad(text, "a kubectl layer must be 'kubectl exec -i POD --'")
     if len(positional) < 2:
@@ -384,9 +349,67 @@ def _fix_kubectl(words: list[str], text: str) -> Layer:
             "argument?); end the layer with '--' and give the command its own --via",
         )
     if not has_i:
-        out.insert(exec_at + 1, "-i")
-    out.append("--")  # a given '--' was left out of `out` above: it always goes last
+        out.insert(positional_at[0] + 1, "-i")
+    out.append("--")  # a given '--' was left out of `out`: it always goes last
     return Layer(tuple(out), LayerKind.ARGV)
+
+
+def _scan_kubectl(words: list[str], text: str) -> tuple[list[str], list[int], bool]:
+    """The layer's words without a final ``--``, where its positional words are in them,
+    and whether it asks for stdin (``-i``/``--stdin``)."""
+    out = [words[0]]
+    positional_at: list[int] = []
+    stdin: list[bool] = []
+
+    def take(i: int) -> int:
+        word = words[i]
+        if word.startswith("-") and len(word) > 1:
+            taken, is_stdin = _kubectl_option(words, i, text)
+            out.extend(words[i : i + taken])
+            stdin.append(is_stdin)
+            return taken
+        positional_at.append(len(out))
+        out.append(word)
+        return 1
+
+    _walk_to_dashdash(words, text, take)
+    return out, positional_at, any(stdin)
+
+
+def _walk_to_dashdash(words: list[str], text: str, take: Callable[[int], int]) -> None:
+    """Hand each word after the program to ``take(i)`` (which returns how many words it
+    took: an option's value is skipped) up to a ``--``, which must end the layer."""
+    i = 1
+    while i < len(words):
+        if words[i] == "--":
+            _check_dashdash_last(words, i, text)
+            return
+        i += take(i)
+
+
+def _kubectl_option(words: list[str], i: int, text: str) -> tuple[int, bool]:
+    """Check the option at ``words[i]``: how many words it takes, whether it is stdin."""
+    word = words[i]
+    if word.startswith("--"):
+        name, eq, value = word.partition("=")
+        on = value.lower() not in ("false", "0")
+        if name == "--tty" and on:
+            raise _tty_error(text, "kubectl", "--tty")
+        takes_value = name in _KUBECTL_VALUE and not eq
+        if takes_value:
+            _next_value(words, i, "kubectl", name, text)
+        return 1 + takes_value, name == "--stdin" and on
+    if word[:2] in _KUBECTL_VALUE:
+        if len(word) == 2:
+            _next_value(words, i, "kubectl", word, text)
+            return 2, False
+        return 1, False
+    for c in word[1:]:  # a cluster of flags: only -i and -q are known
+        if c == "t":
+            raise _tty_error(text, "kubectl", "-t")
+        if c not in "iq":
+            raise _bad(text, f"unknown kubectl option -{c} in {word!r}")
+    return 1, "i" in word[1:]
 
 
 _DOCKER_EXEC_VALUE = _words("-e --env --env-file -u --user -w --workdir --detach-keys")
@@ -402,53 +425,64 @@ def _fix_container_exec(words: list[str], text: str) -> Layer:
     if i >= len(words) or words[i] != "exec":
         raise _bad(text, f"a {tool} layer must be '{tool} exec -i CONTAINER'")
     sub_at = i
-    has_i = False
-    container: str | None = None
-    i += 1
-    while i < len(words):
-        word = words[i]
-        if word.startswith("--"):
-            name, eq, value = word.partition("=")
-            off = value.lower() in ("false", "0")
-            if name == "--tty" and not off:
-                raise _tty_error(text, tool, "--tty")
-            if name == "--detach" and not off:
-                raise _bad(text, f"{tool} exec must not get --detach: the result would be lost")
-            if name == "--interactive" and not off:
-                has_i = True
-            if name in _DOCKER_EXEC_VALUE and not eq:
-                i += 1
-        elif word.startswith("-") and len(word) > 1:
-            for j, c in enumerate(word[1:], 1):
-                if c == "t":
-                    raise _tty_error(text, tool, "-t")
-                if c == "d":
-                    raise _bad(text, f"{tool} exec must not get -d: the result would be lost")
-                if c == "i":
-                    has_i = True
-                elif c in "euw":
-                    if j == len(word) - 1:
-                        i += 1
-                    break
-                elif c != "P":  # --privileged
-                    raise _bad(text, f"unknown {tool} exec option -{c} in {word!r}")
-        else:
-            container = word
-            i += 1
-            break
-        i += 1
-    if container is None:
+    container_at, has_i = _container_at(words, sub_at + 1, tool, text)
+    if container_at is None:
         raise _bad(text, f"{tool} exec names no container, e.g. '{tool} exec -i trainer'")
-    if i < len(words):
+    if container_at + 1 < len(words):
         raise _bad(
             text,
-            f"words after the container ({shell_join(words[i:])}) would be a "
+            f"words after the container ({shell_join(words[container_at + 1 :])}) would be a "
             "command; give it its own --via",
         )
     out = list(words)
     if not has_i:
         out.insert(sub_at + 1, "-i")
     return Layer(tuple(out), LayerKind.ARGV)
+
+
+def _container_at(words: list[str], i: int, tool: str, text: str) -> tuple[int | None, bool]:
+    """Index of the container after exec's options (from ``words[i]``), and whether they
+    include ``-i``/``--interactive``."""
+    has_i = False
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--"):
+            taken, interactive = _container_long_option(word, tool, text)
+        elif word.startswith("-") and len(word) > 1:
+            taken, interactive = _container_short_options(word, tool, text)
+        else:
+            return i, has_i
+        has_i = has_i or interactive
+        i += taken
+    return None, has_i
+
+
+def _container_long_option(word: str, tool: str, text: str) -> tuple[int, bool]:
+    """Check one ``--name[=value]``: how many words it takes, whether it is --interactive."""
+    name, eq, value = word.partition("=")
+    on = value.lower() not in ("false", "0")
+    if name == "--tty" and on:
+        raise _tty_error(text, tool, "--tty")
+    if name == "--detach" and on:
+        raise _bad(text, f"{tool} exec must not get --detach: the result would be lost")
+    return 1 + (name in _DOCKER_EXEC_VALUE and not eq), name == "--interactive" and on
+
+
+def _container_short_options(word: str, tool: str, text: str) -> tuple[int, bool]:
+    """Check one ``-flags`` cluster: how many words it takes, whether it holds -i."""
+    has_i = False
+    for j, c in enumerate(word[1:], 1):
+        if c == "t":
+            raise _tty_error(text, tool, "-t")
+        if c == "d":
+            raise _bad(text, f"{tool} exec must not get -d: the result would be lost")
+        if c == "i":
+            has_i = True
+        elif c in "euw":  # takes a value: the rest of the word, or the next word
+            return 1 + (j == len(word) - 1), has_i
+        elif c != "P":  # --privileged
+            raise _bad(text, f"unknown {tool} exec option -{c} in {word!r}")
+    return 1, has_i
 
 
 _SRUN_SHORT_VALUE = frozenset("ABCDGJLMNSTWbcdeimnopqrtwx")
@@ -467,43 +501,7 @@ _SRUN_LONG_VALUE = _words(
 
 
 def _fix_srun(words: list[str], text: str) -> Layer:
-    ntasks: str | None = None
-    i = 1
-    while i < len(words):
-        word = words[i]
-        if word == "--":
-            _check_dashdash_last(words, i, text)
-            break
-        if word.startswith("--"):
-            name, eq, value = word.partition("=")
-            if name == "--pty":
-                raise _bad(text, "srun must not get --pty: a tty mangles the program on stdin")
-            if name in _SRUN_LONG_VALUE and not eq:
-                if i + 1 >= len(words):
-                    raise _bad(text, f"srun option {name} needs a value")
-                value = words[i + 1]
-                i += 1
-            if name == "--ntasks":
-                ntasks = value
-        elif word.startswith("-") and len(word) > 1:
-            for j, c in enumerate(word[1:], 1):
-                if c in _SRUN_SHORT_VALUE:
-                    value = word[j + 1 :]
-                    if not value:
-                        if i + 1 >= len(words):
-                            raise _bad(text, f"srun option -{c} needs a value")
-                        value = words[i + 1]
-                        i += 1
-                    if c == "n":
-                        ntasks = value
-                    break
-        else:
-            raise _bad(
-                text,
-                f"{word!r} is not an srun option, so it would be the command; "
-                "give the command its own --via",
-            )
-        i += 1
+    ntasks = _srun_ntasks(words, text)
     if ntasks is None:
         return Layer((words[0], "-n1", *words[1:]), LayerKind.ARGV)
     if ntasks.strip() != "1":
@@ -512,6 +510,48 @@ def _fix_srun(words: list[str], text: str) -> Layer:
             f"srun must run one task (-n1), not {ntasks}: more would run the program several times",
         )
     return Layer(tuple(words), LayerKind.ARGV)
+
+
+def _srun_ntasks(words: list[str], text: str) -> str | None:
+    """The task count the layer's options ask for (the last one given), None if none."""
+    given: list[str] = []
+
+    def take(i: int) -> int:
+        word = words[i]
+        if not (word.startswith("-") and len(word) > 1):
+            raise _bad(
+                text,
+                f"{word!r} is not an srun option, so it would be the command; "
+                "give the command its own --via",
+            )
+        taken, ntasks = _srun_option(words, i, text)
+        if ntasks is not None:
+            given.append(ntasks)
+        return taken
+
+    _walk_to_dashdash(words, text, take)
+    return given[-1] if given else None
+
+
+def _srun_option(words: list[str], i: int, text: str) -> tuple[int, str | None]:
+    """Check the option at ``words[i]``: how many words it takes, and the task count when
+    it is ``-n``/``--ntasks``."""
+    word = words[i]
+    if word.startswith("--"):
+        name, eq, value = word.partition("=")
+        if name == "--pty":
+            raise _bad(text, "srun must not get --pty: a tty mangles the program on stdin")
+        taken = 1
+        if name in _SRUN_LONG_VALUE and not eq:
+            value, taken = _next_value(words, i, "srun", name, text), 2
+        return taken, value if name == "--ntasks" else None
+    for j, c in enumerate(word[1:], 1):
+        if c in _SRUN_SHORT_VALUE:
+            value, taken = word[j + 1 :], 1
+            if not value:
+                value, taken = _next_value(words, i, "srun", f"-{c}", text), 2
+            return taken, value if c == "n" else None
+    return 1, None
 
 
 def _fix_lxc_attach(words: list[str], text: str) -> Layer:
@@ -592,7 +632,7 @@ _FIXERS: dict[str, Callable[[list[str], str], Layer]] = {
 
 
 @dataclass(frozen=True)
-class RunResult:
+class ProcessResult:
     """What one process run returned; stdout/stderr are kept in full under ``log_dir``.
 
     ``killed``: the processes it left behind that had to be ended (``pid command``), also
@@ -663,7 +703,7 @@ class Transport:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         name: str = "run",
-    ) -> RunResult:
+    ) -> ProcessResult:
         """Run the composed argv; kill its whole process group at the timeout.
 
         ``env`` and ``cwd`` apply to the first, local process only; through layers use
@@ -676,52 +716,17 @@ class Transport:
         out_path = log_dir / f"{name}.stdout"
         err_path = log_dir / f"{name}.stderr"
         start = time.monotonic()
-        timed_out = False
         tag = secrets.token_hex(8)
         run_env = dict(os.environ if env is None else env)
         run_env[RUN_TAG_ENV] = tag  # inherited by everything the run starts: found after it
         _become_subreaper()
         _in_flight(+1)
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            try:
-                proc = subprocess.Popen(
-                    full,
-                    stdin=subprocess.PIPE,
-                    stdout=out,
-                    stderr=err,
-                    env=run_env,
-                    cwd=cwd,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                _in_flight(-1)
-                raise TransportError(
-                    f"cannot start {full[0]!r} (via {self.describe()}): {exc.strerror}"
-                ) from None
-            with _LIVE_LOCK:
-                _LIVE[proc.pid] = proc
-            first = _proc_stat(proc.pid)
-            with _ACTIVE_LOCK:
-                _ACTIVE[proc.pid] = tag
-            killed: list[str] = []
-            try:
-                timed_out = not _feed_and_wait(proc, stdin, timeout_s)
-                if timed_out:
-                    _kill_group(proc)
-            except BaseException:
-                _kill_group(proc)
-                raise
-            finally:
-                with _LIVE_LOCK:
-                    _LIVE.pop(proc.pid, None)
-                killed = _end_leftovers(proc.pid, tag, first.start if first else None)
-                _in_flight(-1, proc.pid)
-                if killed:
-                    with contextlib.suppress(OSError):
-                        (log_dir / f"{name}.killed").write_text(
-                            "".join(f"{line}\n" for line in killed), encoding="utf-8"
-                        )
-        return RunResult(
+            proc = self._start(full, out, err, run_env, cwd)
+            timed_out, killed = _wait_and_end_leftovers(
+                proc, stdin, timeout_s, tag, log_dir / f"{name}.killed"
+            )
+        return ProcessResult(
             argv=tuple(full),
             returncode=proc.returncode,
             timed_out=timed_out,
@@ -730,6 +735,31 @@ class Transport:
             stderr_path=err_path,
             killed=tuple(killed),
         )
+
+    def _start(
+        self,
+        full: list[str],
+        out: IO[bytes],
+        err: IO[bytes],
+        env: dict[str, str],
+        cwd: Path | None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``full`` in a session of its own; a start that fails ends the in-flight count."""
+        try:
+            return subprocess.Popen(
+                full,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            _in_flight(-1)
+            raise TransportError(
+                f"cannot start {full[0]!r} (via {self.describe()}): {exc.strerror}"
+            ) from None
 
     def run_agent(
         self,
@@ -778,6 +808,40 @@ class Transport:
                 f"Linux allows {MAX_ARG_BYTES} per argument (shell layers quote the whole "
                 "inner command into one): pass large data on stdin or in a file"
             )
+
+
+def _wait_and_end_leftovers(
+    proc: subprocess.Popen[bytes],
+    stdin: bytes,
+    timeout_s: float | None,
+    tag: str,
+    killed_path: Path,
+) -> tuple[bool, list[str]]:
+    """Feed and wait for ``proc`` (killing its group at the timeout or on any exception),
+    then end what it left behind, listed in ``killed_path``; whether it timed out, and the
+    ``pid command`` of each process ended."""
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = proc
+    first = _proc_stat(proc.pid)
+    with _ACTIVE_LOCK:
+        _ACTIVE[proc.pid] = tag
+    killed: list[str] = []
+    try:
+        timed_out = not _feed_and_wait(proc, stdin, timeout_s)
+        if timed_out:
+            _kill_group(proc)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.pop(proc.pid, None)
+        killed = _end_leftovers(proc.pid, tag, first.start if first else None)
+        _in_flight(-1, proc.pid)
+        if killed:
+            with contextlib.suppress(OSError):
+                killed_path.write_text("".join(f"{line}\n" for line in killed), encoding="utf-8")
+    return timed_out, killed
 
 
 def _feed_and_wait(proc: subprocess.Popen[bytes], data: bytes, timeout_s: float | None) -> bool:

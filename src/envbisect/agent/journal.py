@@ -193,24 +193,53 @@ def claim(target, owner, hold=True):
     directory exists. Raises JournalError naming the holder when another session has it.
     """
     real = os.path.realpath(target)
-    held = _HELD.get(real)
-    if held is not None:
-        if held[1] == owner.get("session"):
-            return
-        raise JournalError(
-            "{}: in use by {}; a second run must not swap the same file".format(
-                target, _holder_text({"pid": os.getpid(), "session": held[1]})
-            )
-        )
-    if fcntl is None:
+    if _held_here(real, target, owner) or fcntl is None:
         return
+    _make_lock_dir()
+    fd = _locked_lock_file(target, lock_path(real))
+    try:
+        _refuse_previous_owner(target, real, owner, _read_owner(fd))
+        record = dict(owner, path=real, mode="flock" if hold else "file")
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if hold:
+        _HELD[real] = (fd, owner.get("session"))
+    else:
+        os.close(fd)
+
+
+def _held_here(real, target, owner):
+    """True when this process already holds ``real`` for ``owner``'s session; raises
+    JournalError when it holds it for another session."""
+    held = _HELD.get(real)
+    if held is None:
+        return False
+    if held[1] == owner.get("session"):
+        return True
+    raise JournalError(
+        "{}: in use by {}; a second run must not swap the same file".format(
+            target, _holder_text({"pid": os.getpid(), "session": held[1]})
+        )
+    )
+
+
+def _make_lock_dir():
     directory = lock_dir()
     if not os.path.isdir(directory):
         os.makedirs(directory, exist_ok=True)
         # Shared by every user of the machine, like /tmp itself.
         with contextlib.suppress(OSError):
             os.chmod(directory, 0o1777)
-    path = lock_path(real)
+
+
+def _locked_lock_file(target, path):
+    """An fd on the lock file ``path`` with its flock taken; JournalError naming the holder
+    while a live process has it."""
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -228,36 +257,27 @@ def claim(target, owner, hold=True):
         except OSError:
             same = False
         if same:
-            break
+            return fd
         os.close(fd)  # released and removed by its holder meanwhile: take the new file
-    try:
-        other = _read_owner(fd)
-        if other and other.get("session") != owner.get("session"):
-            journal = str(other.get("journal") or "")
-            if other.get("mode") == "file" and os.path.isdir(os.path.dirname(journal)):
-                raise JournalError(
-                    f"{target}: in use by {_holder_text(other)}; a second run must not "
-                    "swap the same file"
-                )
-            if journal and _open_swaps_of(journal, real):
-                raise JournalError(
-                    "{}: still swapped by {}, which is gone; put it back first with "
-                    "'envbisect reset --session {}'".format(
-                        target, _holder_text(other), other.get("session")
-                    )
-                )
-        record = dict(owner, path=real, mode="flock" if hold else "file")
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if hold:
-        _HELD[real] = (fd, owner.get("session"))
-    else:
-        os.close(fd)
+
+
+def _refuse_previous_owner(target, real, owner, other):
+    """The lock file's last owner ``other`` (its flock released) may still have a claim: a
+    one-shot claim whose session still exists, or a swap of the file it never put back."""
+    if not other or other.get("session") == owner.get("session"):
+        return
+    journal = str(other.get("journal") or "")
+    if other.get("mode") == "file" and os.path.isdir(os.path.dirname(journal)):
+        raise JournalError(
+            f"{target}: in use by {_holder_text(other)}; a second run must not swap the same file"
+        )
+    if journal and _open_swaps_of(journal, real):
+        raise JournalError(
+            "{}: still swapped by {}, which is gone; put it back first with "
+            "'envbisect reset --session {}'".format(
+                target, _holder_text(other), other.get("session")
+            )
+        )
 
 
 def _flock_soon(fd, grace_s=5.0):
@@ -395,56 +415,66 @@ def swap(journal, backups, target, content, entry_id=None):
         inplace = bool(entry.get("inplace")) and content is not None
         append_line(journal, {"op": "put", "id": entry_id, "put": put})
     else:
-        entry_id = next_id(journal)
-        entry = {"op": "swap", "id": entry_id, "path": target, "existed": False, "put": put}
-        inplace = False
-        if os.path.islink(target):
-            entry.update(symlink=os.readlink(target), existed=True)
-        elif os.path.isfile(target):
-            st = os.stat(target)
-            os.makedirs(backups, exist_ok=True)
-            backup = os.path.join(backups, str(entry_id))
-            with open(target, "rb") as src:
-                original = src.read()
-            with open(backup, "wb") as fh:
-                fh.write(original)
-                fh.flush()
-                os.fsync(fh.fileno())
-            inplace = st.st_nlink > 1 and content is not None
-            entry.update(
-                backup=str(entry_id),
-                mode=st.st_mode & 0o7777,
-                mtime_ns=st.st_mtime_ns,
-                atime_ns=st.st_atime_ns,
-                sha256=_sha_bytes(original),
-                existed=True,
-                inplace=inplace,
-                nlink=st.st_nlink,
-            )
-        elif os.path.lexists(target):
-            raise JournalError(f"{target}: is not a regular file; refusing to swap it")
-        if content is None and entry.get("nlink", 1) > 1:
-            # Removing one name of a hard-linked file: a hidden name keeps the inode, so the
-            # restore links it back instead of writing a copy.
-            entry["held"] = os.path.join(
-                os.path.dirname(target),
-                f".{os.path.basename(target)}.envbisect-held-{entry_id}",
-            )
-        append_line(journal, entry)
-        if entry.get("held"):
-            if os.path.lexists(entry["held"]):
-                os.unlink(entry["held"])
-            os.link(target, entry["held"])
+        entry_id, inplace = _journal_new_swap(journal, backups, target, content, put)
     if content is None:
         if os.path.lexists(target):
             os.unlink(target)
-        return entry_id
-    if inplace:
+    elif inplace:
         write_in_place(target, content)
         append_line(journal, {"op": "written", "id": entry_id})
     else:
         atomic_write(target, content)
     return entry_id
+
+
+def _journal_new_swap(journal, backups, target, content, put):
+    """Journal the first swap of ``target`` (its original backed up first); returns the
+    swap's id and whether ``content`` is to be written in place."""
+    entry_id = next_id(journal)
+    entry = {"op": "swap", "id": entry_id, "path": target, "existed": False, "put": put}
+    if os.path.islink(target):
+        entry.update(symlink=os.readlink(target), existed=True)
+    elif os.path.isfile(target):
+        entry.update(_back_up(backups, target, entry_id, content))
+    elif os.path.lexists(target):
+        raise JournalError(f"{target}: is not a regular file; refusing to swap it")
+    if content is None and entry.get("nlink", 1) > 1:
+        # Removing one name of a hard-linked file: a hidden name keeps the inode, so the
+        # restore links it back instead of writing a copy.
+        entry["held"] = os.path.join(
+            os.path.dirname(target),
+            f".{os.path.basename(target)}.envbisect-held-{entry_id}",
+        )
+    append_line(journal, entry)
+    if entry.get("held"):
+        if os.path.lexists(entry["held"]):
+            os.unlink(entry["held"])
+        os.link(target, entry["held"])
+    return entry_id, bool(entry.get("inplace"))
+
+
+def _back_up(backups, target, entry_id, content):
+    """Copy the regular file ``target`` to ``backups/<entry_id>`` (fsynced); returns what
+    the journal records of it: mode, times, sha256, links, and whether to write in place."""
+    st = os.stat(target)
+    os.makedirs(backups, exist_ok=True)
+    backup = os.path.join(backups, str(entry_id))
+    with open(target, "rb") as src:
+        original = src.read()
+    with open(backup, "wb") as fh:
+        fh.write(original)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return {
+        "backup": str(entry_id),
+        "mode": st.st_mode & 0o7777,
+        "mtime_ns": st.st_mtime_ns,
+        "atime_ns": st.st_atime_ns,
+        "sha256": _sha_bytes(original),
+        "existed": True,
+        "inplace": st.st_nlink > 1 and content is not None,
+        "nlink": st.st_nlink,
+    }
 
 
 def _beside(target):

@@ -106,6 +106,7 @@ def _sorted(d):
 
 
 def _normalise(name):
+    # PEP 503 by hand: the collector is stdlib-only and cannot import packaging.utils.
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
@@ -721,17 +722,7 @@ def _find_code(module_code, qualname):
 
 def probe(dotted):
     """original / patched / missing for one dotted name, comparing live and on-disk code."""
-    import importlib
-
-    parts = dotted.split(".")
-    module = None
-    for i in range(len(parts), 0, -1):
-        try:
-            module = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        rest = parts[i:]
-        break
+    module, rest = _import_longest_prefix(dotted)
     result = {"status": "missing", "module_file": None, "code_sha256": None}
     if module is None:
         result["reason"] = f"no importable module in {dotted}"
@@ -755,36 +746,59 @@ def probe(dotted):
     qualname = getattr(func, "__qualname__", code.co_name)
     if home_name != module.__name__ and home_name.split(".")[0] != module.__name__.split(".")[0]:
         # Defined outside the probed package (a sitecustomize, a training script): a patch.
-        result["status"] = "patched"
-        result["live_file"] = code.co_filename
-        result["reason"] = f"defined in module {home_name!r}"
-        return _sorted(result)
-    if rest and qualname.split(".")[-1] != rest[-1]:
-        result["status"] = "patched"
-        result["live_file"] = code.co_filename
-        result["reason"] = f"{dotted} is bound to {home_name}.{qualname}"
-        return _sorted(result)
-    # Re-exports (torch.fx.symbolic_trace) are compared against their defining module.
-    home = getattr(sys.modules.get(home_name), "__file__", None)
-    source_file = home or module_file
+        result.update(
+            status="patched", live_file=code.co_filename, reason=f"defined in module {home_name!r}"
+        )
+    elif rest and qualname.split(".")[-1] != rest[-1]:
+        result.update(
+            status="patched",
+            live_file=code.co_filename,
+            reason=f"{dotted} is bound to {home_name}.{qualname}",
+        )
+    else:
+        # Re-exports (torch.fx.symbolic_trace) are compared against their defining module.
+        home = getattr(sys.modules.get(home_name), "__file__", None)
+        result.update(
+            _compare_with_disk(code, result["code_sha256"], qualname, home or module_file)
+        )
+    return _sorted(result)
+
+
+def _import_longest_prefix(dotted):
+    """(the module of the longest importable prefix of ``dotted``, the attribute names
+    after it); (None, None) when no prefix imports."""
+    import importlib
+
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            return importlib.import_module(".".join(parts[:i])), parts[i:]
+        except ImportError:
+            continue
+    return None, None
+
+
+def _compare_with_disk(code, fingerprint, qualname, source_file):
+    """status (and live_file or reason) of live ``code`` (its ``_code_fingerprint``) against
+    ``qualname`` compiled from ``source_file`` as it is on disk."""
     if source_file and source_file.endswith((".pyc", ".pyo")):
         source_file = source_file[:-1]
     source = _read(source_file, 1 << 26) if source_file else None
     if source is None:
-        result["status"] = "patched" if code.co_filename != source_file else "original"
-        result["reason"] = "no source on disk to compare"
-        return _sorted(result)
+        return {
+            "status": "patched" if code.co_filename != source_file else "original",
+            "reason": "no source on disk to compare",
+        }
     disk = compile(source, source_file, "exec", dont_inherit=True)
     disk_code = _find_code(disk, qualname)
     same = (
         disk_code is not None
         and os.path.abspath(code.co_filename) == os.path.abspath(source_file)
-        and _code_fingerprint(disk_code) == result["code_sha256"]
+        and _code_fingerprint(disk_code) == fingerprint
     )
-    result["status"] = "original" if same else "patched"
-    if not same:
-        result["live_file"] = code.co_filename
-    return _sorted(result)
+    if same:
+        return {"status": "original"}
+    return {"status": "patched", "live_file": code.co_filename}
 
 
 def collect_probes(c):
@@ -807,37 +821,53 @@ def collect_probes(c):
 
 
 def main(params):
-    import threading
-
     start = time.monotonic()
     c = _Collector(params)
-    sections = {}
     blobs = {}
-
-    def guarded(name, fn, *args):
-        try:
-            sections[name] = fn(c, *args)
-        except Exception as exc:  # one broken fact family must not lose the others
-            sections[name] = {}
-            c.error(name, f"{type(exc).__name__}: {exc}")
-
-    # Sections that wait on external commands (nvidia-smi can take seconds) run beside the
-    # in-process ones; each command still has its own timeout.
     # "only": the sections a state check needs (run verifies every realized state this
     # way, so it must not wait on nvidia-smi or a compiler); default: all of them.
     only = set(params.get("only") or ()) or None
+    sections = _collect_sections(c, only, blobs)
+    if params.get("probes") and _wanted(only, "probes"):
+        _guarded(c, sections, "probes", collect_probes)
+    return {
+        "sections": sections,
+        "errors": sorted(c.errors, key=lambda e: (e["section"], e["error"])),
+        "blobs": blobs,
+        "host": os.uname().nodename,
+        "elapsed_s": round(time.monotonic() - start, 4),
+    }
 
-    def wanted(name):
-        return only is None or name in only
 
+def _wanted(only, name):
+    return only is None or name in only
+
+
+def _guarded(c, sections, name, fn, *args):
+    """``sections[name] = fn(c, *args)``; a failure is an error of that section, which is
+    then empty."""
+    try:
+        sections[name] = fn(c, *args)
+    except Exception as exc:  # one broken fact family must not lose the others
+        sections[name] = {}
+        c.error(name, f"{type(exc).__name__}: {exc}")
+
+
+def _collect_sections(c, only, blobs):
+    """Every wanted section but probes; file contents kept go into ``blobs``."""
+    import threading
+
+    sections = {}
+    # Sections that wait on external commands (nvidia-smi can take seconds) run beside the
+    # in-process ones; each command still has its own timeout.
     background = [
-        threading.Thread(target=guarded, args=(name, fn), daemon=True)
+        threading.Thread(target=_guarded, args=(c, sections, name, fn), daemon=True)
         for name, fn in (
             ("gpu", collect_gpu),
             ("git", collect_git),
             ("compiler", _compiler_version),
         )
-        if wanted("system" if name == "compiler" else name)
+        if _wanted(only, "system" if name == "compiler" else name)
     ]
     for thread in background:
         thread.start()
@@ -851,20 +881,13 @@ def main(params):
         ("caches", collect_caches, ()),
         ("env", collect_env, ()),
     ):
-        if wanted(name):
-            guarded(name, fn, *(args if args is not None else (sections.get("packages") or {},)))
+        if _wanted(only, name):
+            args = args if args is not None else (sections.get("packages") or {},)
+            _guarded(c, sections, name, fn, *args)
     for thread in background:
         thread.join()
     if "system" in sections:
         compiler = sections.pop("compiler", None)
         sections["system"]["compiler"] = compiler if isinstance(compiler, str) else None
         sections["system"] = _sorted(sections["system"])
-    if params.get("probes") and wanted("probes"):
-        guarded("probes", collect_probes)
-    return {
-        "sections": sections,
-        "errors": sorted(c.errors, key=lambda e: (e["section"], e["error"])),
-        "blobs": blobs,
-        "host": os.uname().nodename,
-        "elapsed_s": round(time.monotonic() - start, 4),
-    }
+    return sections

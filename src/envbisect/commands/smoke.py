@@ -87,26 +87,7 @@ def _load_config(config_path: str | None) -> Any:
 @target_options
 @config_option
 def command(
-    preset: str | None,
-    attn: str | None,
     compile_: bool | None,
-    vary_shapes: bool | None,
-    data: str | None,
-    drafter_threads: int | None,
-    compile_unit: str | None,
-    mask_build: str | None,
-    nested_fx: str | None,
-    patch_module: str | None,
-    samples: int | None,
-    device: str | None,
-    steps: int | None,
-    warmup: int | None,
-    batch: int | None,
-    seq_len: int | None,
-    anchors: int | None,
-    layers: int | None,
-    hidden: int | None,
-    seed: int | None,
     env_pairs: tuple[str, ...],
     timeout_s: float,
     log_dir: Path | None,
@@ -116,6 +97,8 @@ def command(
     target_name: str | None,
     print_command: bool,
     config_path: str | None,
+    # the drafter's knobs (--preset ... --seed): passed on to it by name, unset ones left out
+    **drafter_flags: Any,
 ) -> int:
     """Run the built-in DFlash drafter training smoke test once, in the target Python.
 
@@ -132,28 +115,7 @@ def command(
     if print_command:
         click.echo(composed_command(transport.with_env(env), target_python))
         return 0
-    params = build_params(
-        preset=preset,
-        attn=attn,
-        compile=compile_,
-        vary_shapes=vary_shapes,
-        data=data,
-        drafter_threads=drafter_threads,
-        compile_unit=compile_unit,
-        mask_build=mask_build,
-        nested_fx=nested_fx,
-        patch_module=patch_module,
-        samples=samples,
-        device=device,
-        steps=steps,
-        warmup=warmup,
-        batch=batch,
-        seq_len=seq_len,
-        anchors=anchors,
-        layers=layers,
-        hidden=hidden,
-        seed=seed,
-    )
+    params = build_params(compile=compile_, **drafter_flags)
     outcome = run_smoke(
         transport, target_python, params, timeout_s=timeout_s, log_dir=log_dir, env=env
     )

@@ -225,13 +225,33 @@ def resolve_params(params, cuda_available):
         except ValueError:
             raise ValueError(f"${SAMPLES_ENV}={os.environ[SAMPLES_ENV]!r}: not a count") from None
     p.update({k: v for k, v in params.items() if v is not None})
+    on_gpu = _resolve_device(p, cuda_available)
+    _apply_preset(p, params, on_gpu)
+    _resolve_backend(p, on_gpu)
+    _check_sizes(p)
+    _resolve_race_knobs(p)
+    return p
+
+
+def _check_choice(value, what, choices):
+    if value not in choices:
+        raise ValueError("unknown {} {!r} ({})".format(what, value, ", ".join(choices)))
+
+
+def _resolve_device(p, cuda_available):
+    """Settle ``device`` ("auto": cuda when torch sees one); whether it is a GPU."""
     device = p["device"]
     if device == "auto":
         device = "cuda" if cuda_available else "cpu"
     if device.startswith("cuda") and not cuda_available:
         raise ValueError(f"device {device!r} asked for but torch sees no CUDA device")
     p["device"] = device
-    on_gpu = device.startswith("cuda")
+    return device.startswith("cuda")
+
+
+def _apply_preset(p, params, on_gpu):
+    """Settle ``preset`` ("auto": h200 on a GPU, tiny on CPU) and fill every dimension the
+    params leave unset from it."""
     preset = p["preset"]
     if preset == "auto":
         preset = "h200" if on_gpu else "tiny"
@@ -243,18 +263,22 @@ def resolve_params(params, cuda_available):
     for key, value in PRESETS[preset].items():
         if params.get(key) is None:
             p[key] = value
+
+
+def _resolve_backend(p, on_gpu):
+    """Settle attention backend, compile and dtype: the fast path on a GPU, plain on CPU."""
     if p["attn"] == "auto":
         p["attn"] = "flex" if on_gpu else "sdpa"
-    if p["attn"] not in ("flex", "sdpa", "flex-eager"):
-        raise ValueError(
-            "unknown attention backend {!r} (flex, sdpa, flex-eager)".format(p["attn"])
-        )
+    _check_choice(p["attn"], "attention backend", ("flex", "sdpa", "flex-eager"))
     if p["compile"] is None:
         p["compile"] = on_gpu
     if p["attn"] == "flex-eager":
         p["compile"] = False
     if p["dtype"] == "auto":
         p["dtype"] = "bfloat16" if on_gpu else "float32"
+
+
+def _check_sizes(p):
     for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
         if int(p[key]) < 1:
             raise ValueError(f"{key} must be >= 1")
@@ -266,26 +290,24 @@ def resolve_params(params, cuda_available):
         raise ValueError("drafter_threads must be >= 1")
     if int(p["samples"]) < 1:
         raise ValueError("samples must be >= 1")
+
+
+def _resolve_race_knobs(p):
+    """Settle compile unit, mask building, nested_fx and the patch module; the "auto"
+    choices follow the drafter thread count (the field's pattern)."""
+    threaded = int(p["drafter_threads"]) > 1
     if p["compile_unit"] == "auto":
-        p["compile_unit"] = "flex" if int(p["drafter_threads"]) > 1 else "layer"
-    if p["compile_unit"] not in COMPILE_UNITS:
-        raise ValueError(
-            "unknown compile unit {!r} ({})".format(p["compile_unit"], ", ".join(COMPILE_UNITS))
-        )
-    if p["mask_build"] not in MASK_BUILDS:
-        raise ValueError(
-            "unknown mask build {!r} ({})".format(p["mask_build"], ", ".join(MASK_BUILDS))
-        )
+        p["compile_unit"] = "flex" if threaded else "layer"
+    _check_choice(p["compile_unit"], "compile unit", COMPILE_UNITS)
+    _check_choice(p["mask_build"], "mask build", MASK_BUILDS)
     if p["mask_compile"] == "auto":
-        p["mask_compile"] = bool(p["compile"]) and int(p["drafter_threads"]) > 1
+        p["mask_compile"] = bool(p["compile"]) and threaded
     elif p["mask_compile"] in ("on", "off"):
         p["mask_compile"] = p["mask_compile"] == "on"
     p["mask_compile"] = bool(p["mask_compile"])
-    if p["nested_fx"] not in NESTED_FX:
-        raise ValueError("unknown nested_fx {!r} ({})".format(p["nested_fx"], ", ".join(NESTED_FX)))
+    _check_choice(p["nested_fx"], "nested_fx", NESTED_FX)
     if p["patch_module"] and not os.path.isfile(p["patch_module"]):
         raise ValueError("patch module {!r}: no such file".format(p["patch_module"]))
-    return p
 
 
 def read_lengths(path):
@@ -301,19 +323,7 @@ def read_lengths(path):
                 rec = json.loads(line)
             except ValueError:
                 raise ValueError(f"{path}:{lineno}: not a JSON object") from None
-            n = None
-            if isinstance(rec, dict):
-                for key in ("length", "num_tokens"):
-                    if isinstance(rec.get(key), int):
-                        n = rec[key]
-                        break
-                if n is None:
-                    for key in ("input_ids", "tokens"):
-                        if isinstance(rec.get(key), list):
-                            n = len(rec[key])
-                            break
-                if n is None and isinstance(rec.get("text"), str):
-                    n = len(rec["text"].split())
+            n = _record_length(rec) if isinstance(rec, dict) else None
             if n is None:
                 raise ValueError(
                     f"{path}:{lineno}: no length, num_tokens, input_ids, tokens or text"
@@ -322,6 +332,19 @@ def read_lengths(path):
     if not lengths:
         raise ValueError(f"{path}: no records")
     return lengths
+
+
+def _record_length(rec):
+    """One record's length, from the first field that gives one; None when none does."""
+    for key in ("length", "num_tokens"):
+        if isinstance(rec.get(key), int):
+            return rec[key]
+    for key in ("input_ids", "tokens"):
+        if isinstance(rec.get(key), list):
+            return len(rec[key])
+    if isinstance(rec.get("text"), str):
+        return len(rec["text"].split())
+    return None
 
 
 class ShapePlan:
@@ -363,13 +386,43 @@ class ShapePlan:
 
 
 def build_model_classes(torch):
+    """The Drafter module class, built on ``torch`` (imported by the caller, so this module
+    imports without it)."""
     nn = torch.nn
-    F = torch.nn.functional
+    RMSNorm, rope = _norm_and_rope(torch)
+    DecoderLayer = _decoder_layer_class(torch, RMSNorm, rope)
 
-    class RMSNorm(nn.Module):
+    class Drafter(nn.Module):
+        """Trainable part: fc + hidden_norm, the decoder layers and the final norm."""
+
+        def __init__(self, p):
+            super().__init__()
+            h = p["hidden"]
+            self.fc = nn.Linear(p["target_layers"] * h, h, bias=False)
+            self.hidden_norm = RMSNorm(h)
+            self.layers = nn.ModuleList([DecoderLayer(p) for _ in range(p["layers"])])
+            self.norm = RMSNorm(h)
+            hd = p["head_dim"]
+            inv = 1.0 / (1000000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+            self.register_buffer("inv_freq", inv, persistent=False)
+
+        def forward(self, noise_emb, target_hidden, q_pos, k_pos, attend):
+            ctx = self.hidden_norm(self.fc(target_hidden))
+            x = noise_emb
+            for layer in self.layers:
+                x = layer(x, ctx, q_pos, k_pos, self.inv_freq, attend)
+            return self.norm(x)
+
+    return Drafter
+
+
+def _norm_and_rope(torch):
+    """(RMSNorm module class, rope function): the Qwen3 pieces every layer uses."""
+
+    class RMSNorm(torch.nn.Module):
         def __init__(self, dim, eps=1e-6):
             super().__init__()
-            self.weight = nn.Parameter(torch.ones(dim))
+            self.weight = torch.nn.Parameter(torch.ones(dim))
             self.eps = eps
 
         def forward(self, x):
@@ -385,6 +438,14 @@ def build_model_classes(torch):
         x1, x2 = x.float().chunk(2, dim=-1)
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         return out.to(x.dtype)
+
+    return RMSNorm, rope
+
+
+def _decoder_layer_class(torch, RMSNorm, rope):
+    """One decoder layer: q/k-normed GQA attention over cat(context, noise), then SwiGLU."""
+    nn = torch.nn
+    F = torch.nn.functional
 
     class Attention(nn.Module):
         def __init__(self, p):
@@ -433,28 +494,7 @@ def build_model_classes(torch):
             x = x + self.self_attn(self.input_layernorm(x), ctx, q_pos, k_pos, inv_freq, attend)
             return x + self.mlp(self.post_attention_layernorm(x))
 
-    class Drafter(nn.Module):
-        """Trainable part: fc + hidden_norm, the decoder layers and the final norm."""
-
-        def __init__(self, p):
-            super().__init__()
-            h = p["hidden"]
-            self.fc = nn.Linear(p["target_layers"] * h, h, bias=False)
-            self.hidden_norm = RMSNorm(h)
-            self.layers = nn.ModuleList([DecoderLayer(p) for _ in range(p["layers"])])
-            self.norm = RMSNorm(h)
-            hd = p["head_dim"]
-            inv = 1.0 / (1000000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
-            self.register_buffer("inv_freq", inv, persistent=False)
-
-        def forward(self, noise_emb, target_hidden, q_pos, k_pos, attend):
-            ctx = self.hidden_norm(self.fc(target_hidden))
-            x = noise_emb
-            for layer in self.layers:
-                x = layer(x, ctx, q_pos, k_pos, self.inv_freq, attend)
-            return self.norm(x)
-
-    return Drafter
+    return DecoderLayer
 
 
 # ----------------------------------------------------------------------------- masks
@@ -494,6 +534,22 @@ def attended_pairs(anchors, block_size):
     """Number of (query, key) pairs the mask lets through, summed over the batch."""
     # a block with anchor a: block_size queries x (a context keys + block_size own keys)
     return int((anchors.sum().item() + anchors.numel() * block_size) * block_size)
+
+
+def _block_mask(create_block_mask, anchors, ctx_len, block_size, compiled):
+    """The DFlash mask of one batch as a flex_attention BlockMask (``create_block_mask`` is
+    passed in: this module imports without torch)."""
+    b, n = anchors.shape
+    t = n * block_size
+    mod = dflash_mask_mod(anchors, ctx_len, block_size)
+    kw = {"device": anchors.device}
+    if compiled:
+        kw["_compile"] = True
+    try:
+        return create_block_mask(mod, b, None, t, ctx_len + t, **kw)
+    except TypeError:  # older torch without _compile
+        kw.pop("_compile", None)
+        return create_block_mask(mod, b, None, t, ctx_len + t, **kw)
 
 
 # ----------------------------------------------------------------------------- loss
@@ -619,50 +675,50 @@ class Trainer:
 
     # -- attention backends
     def _attention_factory(self):
+        """``factory(anchors, ctx_len) -> attend(q, k, v)`` for the configured backend."""
+        if self.p["attn"] == "sdpa":
+            return self._sdpa_factory()
+        return self._flex_factory()
+
+    def _sdpa_factory(self):
+        """Dense-mask scaled_dot_product_attention (K/V heads repeated for GQA)."""
         torch, p = self.torch, self.p
         F = torch.nn.functional
         bs = p["block_size"]
         gqa = p["heads"] != p["kv_heads"]
         rep = p["heads"] // p["kv_heads"]
+        # the "flex" compile unit leaves sdpa eager by design: not a fallback
+        sdpa_compiled = p["compile_unit"] != "flex"
 
-        if p["attn"] == "sdpa":
-            # the "flex" compile unit leaves sdpa eager by design: not a fallback
-            sdpa_compiled = p["compile_unit"] != "flex"
+        def factory(anchors, ctx_len):
+            mask = dflash_mask_dense(torch, anchors, ctx_len, bs).unsqueeze(1)
 
-            def factory(anchors, ctx_len):
-                mask = dflash_mask_dense(torch, anchors, ctx_len, bs).unsqueeze(1)
+            def attend(q, k, v):
+                if not torch.compiler.is_compiling() and sdpa_compiled:
+                    _count_eager_attention()
+                if gqa:
+                    k = k.repeat_interleave(rep, dim=1)
+                    v = v.repeat_interleave(rep, dim=1)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-                def attend(q, k, v):
-                    if not torch.compiler.is_compiling() and sdpa_compiled:
-                        _count_eager_attention()
-                    if gqa:
-                        k = k.repeat_interleave(rep, dim=1)
-                        v = v.repeat_interleave(rep, dim=1)
-                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            return attend
 
-                return attend
+        return factory
 
-            return factory
-
+    def _flex_factory(self):
+        """flex_attention with a block mask built per batch (compiled per ``mask_compile``)."""
+        torch, p = self.torch, self.p
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        bs = p["block_size"]
+        gqa = p["heads"] != p["kv_heads"]
         compiled_mask = bool(p["mask_compile"])
         flex = flex_attention
         if p["compile"] and p["compile_unit"] == "flex":
             flex = _compiled_flex(torch, flex_attention, compile_kwargs(p))
 
         def factory(anchors, ctx_len):
-            b, n = anchors.shape
-            t = n * bs
-            mod = dflash_mask_mod(anchors, ctx_len, bs)
-            kw = {"device": anchors.device}
-            if compiled_mask:
-                kw["_compile"] = True
-            try:
-                block_mask = create_block_mask(mod, b, None, t, ctx_len + t, **kw)
-            except TypeError:  # older torch without _compile
-                kw.pop("_compile", None)
-                block_mask = create_block_mask(mod, b, None, t, ctx_len + t, **kw)
+            block_mask = _block_mask(create_block_mask, anchors, ctx_len, bs, compiled_mask)
 
             def attend(q, k, v):
                 if not torch.compiler.is_compiling() and flex is flex_attention:
@@ -814,45 +870,18 @@ def _wait(barrier):
 def _run_trainer(torch, tr, p, barrier, out):
     """Warm-up, then ``samples`` timed windows of ``steps`` steps; fills ``out`` (also on
     error: class, message, stage and how many steps the drafter had finished)."""
-    dev = p["device"]
     out.update({"warmup_s": None, "windows": [], "losses": [], "warmup_steps_s": []})
     _TL.eager_attn = 0
     stage = "warmup"
     knobs = _dynamo_config(torch, _dynamo_overrides(p))
     try:
         knobs.__enter__()
-        t0 = time.perf_counter()
-        for i in range(int(p["warmup"])):
-            batch, _real = tr.next_batch()
-            s0 = time.perf_counter()
-            loss = tr.step(batch)
-            out["losses"].append(float(loss.item()))
-            tr.steps_done += 1
-            out["warmup_steps_s"].append(time.perf_counter() - s0)
-            log(f"drafter {tr.index} warm-up step {i} done at {time.perf_counter() - t0:.1f}s")
-            if i == 0:
-                out["frames_after_first"] = _frames_ok(torch)
-        _sync(torch, dev)
-        out["warmup_s"] = time.perf_counter() - t0
+        _warm_up(torch, tr, p, out)
         for _w in range(int(p["samples"])):
             stage = "barrier"
             _wait(barrier)
             stage = "timed"
-            window = {"step_times": [], "tokens": 0, "flops": 0.0}
-            w0 = time.perf_counter()
-            for _ in range(int(p["steps"])):
-                batch, real = tr.next_batch()
-                _sync(torch, dev)
-                s0 = time.perf_counter()
-                loss = tr.step(batch)
-                _sync(torch, dev)
-                window["step_times"].append(time.perf_counter() - s0)
-                window["tokens"] += real
-                window["flops"] += tr.flops(batch)
-                out["losses"].append(float(loss.item()))
-                tr.steps_done += 1
-            window["window_s"] = time.perf_counter() - w0
-            out["windows"].append(window)
+            out["windows"].append(_timed_window(torch, tr, p, out["losses"]))
     except BaseException as exc:  # a crash is a result: keep class, message and stage
         out["error"] = _error_dict(exc)
         out["error"]["stage"] = stage
@@ -866,6 +895,45 @@ def _run_trainer(torch, tr, p, barrier, out):
     finally:
         knobs.__exit__(None, None, None)
         out["eager_attention_calls"] = getattr(_TL, "eager_attn", 0)
+
+
+def _warm_up(torch, tr, p, out):
+    """The untimed warm-up steps (compiles happen here); records each step's time, its
+    loss and the frames compiled by the first step."""
+    t0 = time.perf_counter()
+    for i in range(int(p["warmup"])):
+        batch, _real = tr.next_batch()
+        s0 = time.perf_counter()
+        loss = tr.step(batch)
+        out["losses"].append(float(loss.item()))
+        tr.steps_done += 1
+        out["warmup_steps_s"].append(time.perf_counter() - s0)
+        log(f"drafter {tr.index} warm-up step {i} done at {time.perf_counter() - t0:.1f}s")
+        if i == 0:
+            out["frames_after_first"] = _frames_ok(torch)
+    _sync(torch, p["device"])
+    out["warmup_s"] = time.perf_counter() - t0
+
+
+def _timed_window(torch, tr, p, losses):
+    """One timed window of ``steps`` steps: step times, tokens, FLOPs and its wall time;
+    each step's loss is appended to ``losses``."""
+    dev = p["device"]
+    window = {"step_times": [], "tokens": 0, "flops": 0.0}
+    w0 = time.perf_counter()
+    for _ in range(int(p["steps"])):
+        batch, real = tr.next_batch()
+        _sync(torch, dev)
+        s0 = time.perf_counter()
+        loss = tr.step(batch)
+        _sync(torch, dev)
+        window["step_times"].append(time.perf_counter() - s0)
+        window["tokens"] += real
+        window["flops"] += tr.flops(batch)
+        losses.append(float(loss.item()))
+        tr.steps_done += 1
+    window["window_s"] = time.perf_counter() - w0
+    return window
 
 
 def _reset_dynamo(torch):
@@ -1016,15 +1084,7 @@ def run(params):
     except Exception as exc:
         result["error"] = _error_dict(exc)
         return _finish(result, t_start)
-    result["torch"] = torch.__version__
-    try:
-        import triton
-
-        result["triton"] = triton.__version__
-    except Exception:
-        result["triton"] = None
-    result["inductor_cache"] = _cache_dir_facts(torch)
-    p = None
+    _record_versions(result, torch)
     try:
         p = resolve_params(params, torch.cuda.is_available())
         lengths = read_lengths(p["data"]) if p["data"] else None
@@ -1032,130 +1092,16 @@ def run(params):
         result["error"] = _error_dict(exc)
         result["error"]["stage"] = "params"
         return _finish(result, t_start)
-    result["preset"] = p["preset"]
-    result["attn"] = p["attn"]
-    disabled = os.environ.get("TORCH_COMPILE_DISABLE", "") not in ("", "0") or os.environ.get(
-        "TORCHDYNAMO_DISABLE", ""
-    ) not in ("", "0")
-    result["compile"] = {
-        "requested": bool(p["compile"]),
-        "backend": p["compile_backend"] if p["compile"] else None,
-        "mode": p["compile_mode"],
-        "disabled_by_env": disabled,
-    }
-    result["dims"] = {
-        k: p[k]
-        for k in (
-            "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
-            "target_layers", "seq_len", "anchors", "block_size", "batch", "warmup", "steps",
-            "loss_chunk", "vary_shapes", "dtype",
-        )
-    }  # fmt: skip
-    result["data"] = {"path": p["data"], "records": len(lengths)} if lengths else None
-    dev = p["device"]
+    _record_setup(result, p, lengths)
     try:
-        dev_facts = _device_facts(torch, dev)
+        dev_facts = _device_facts(torch, p["device"])
     except Exception as exc:
         result["error"] = _error_dict(exc)
         return _finish(result, t_start)
     result["device"] = dev_facts
-    n_threads = int(p["drafter_threads"])
-    outs = [{} for _ in range(n_threads)]
-    recorded = []
-    old_show = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        recorded.append(str(message))
-        old_show(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = show
-    trainers = [None] * n_threads
-    try:
-        _FLEX_EAGER_CALLS[0] = 0
-        _reset_dynamo(torch)  # counters and caches are per process: make them per run
-        result["race"] = _apply_race_knobs(torch, p)
-        if dev.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats()
-        log(
-            f"preset {p['preset']} on {dev_facts.get('name')}: attn={p['attn']} "
-            f"compile={p['compile']} ({p['compile_unit']}) threads={n_threads} "
-            f"masks={p['mask_build']} samples={p['samples']}"
-        )
-        # The field's drafters each built their own model in their own thread, so their
-        # compiles start out of step: one thread traces while another enters a compiled
-        # function. "once" builds everything here, before any thread starts.
-        in_thread = n_threads > 1 and p["mask_build"] != "once"
-        trainers = [None] * n_threads
-        if not in_thread:
-            try:
-                for i in range(n_threads):
-                    trainers[i] = Trainer(torch, p, index=i, lengths=lengths)
-                if p["mask_build"] == "once":
-                    for tr in trainers:  # here, in the main thread, before any drafter thread
-                        tr.prebuild_mask()
-            except BaseException as exc:
-                outs[0]["error"] = _error_dict(exc)
-                outs[0]["error"]["stage"] = "build"
-                outs[0]["traceback"] = traceback.format_exc()
-        if n_threads == 1:
-            if trainers[0] is not None:
-                _run_trainer(torch, trainers[0], p, None, outs[0])
-        elif in_thread or all(tr is not None for tr in trainers):
-            barrier = threading.Barrier(n_threads)
-
-            def drafter(i):
-                if trainers[i] is None:
-                    try:
-                        trainers[i] = Trainer(torch, p, index=i, lengths=lengths)
-                    except BaseException as exc:
-                        outs[i]["error"] = dict(_error_dict(exc), stage="build", thread=i)
-                        outs[i]["error"]["after_steps"] = 0
-                        outs[i]["traceback"] = traceback.format_exc()
-                        barrier.abort()
-                        return
-                _run_trainer(torch, trainers[i], p, barrier, outs[i])
-
-            threads = [
-                threading.Thread(target=drafter, args=(i,), daemon=True) for i in range(n_threads)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-    except BaseException as exc:  # a patch module that fails to import, say
-        outs[0].setdefault("error", _error_dict(exc))
-        outs[0]["error"].setdefault("stage", "setup")
-        outs[0]["traceback"] = traceback.format_exc()
-    finally:
-        warnings.showwarning = old_show
-    per_thread = [
-        _thread_facts(p, i, tr, out)
-        for i, (tr, out) in enumerate(zip(trainers, outs))  # noqa: B905
-    ]
-    trainers.clear()  # free the drafters before the memory facts
-    fallback_warned = any("without torch.compile" in m for m in recorded)
-    result["flex_fallback"] = bool(_FLEX_EAGER_CALLS[0] > 0 or fallback_warned)
-    result["flex_eager_calls"] = _FLEX_EAGER_CALLS[0]
-    result["warnings"] = sorted(set(m.splitlines()[0][:200] for m in recorded))[:10]
-    result["fx_tracing"] = _fx_facts(torch)
-    result["dynamo"] = _dynamo_facts(torch, outs[0].get("frames_after_first"))
-    result["compile_times"] = _compile_times(torch)
-    result["memory"] = _memory_facts(torch, dev)
-    result["compile"]["effective"] = (
-        bool(p["compile"]) and not disabled and (result["dynamo"].get("frames_compiled", 0) > 0)
-    )
-    result["compile"]["unit"] = p["compile_unit"]
-    errors = [o["error"] for o in outs if o.get("error")]
-    for o in outs:
-        if o.get("traceback"):
-            sys.stderr.write(o["traceback"])
-    result["threads"] = {
-        "count": n_threads,
-        "errors": errors,
-        "crashed": sum(1 for o in outs if o.get("error")),
-        "died": [o["error"].get("thread", 0) for o in outs if o.get("error")],
-        "per_thread": per_thread,
-    }
+    outs, per_thread, recorded = _train_drafters(torch, p, lengths, result)
+    _record_compile_facts(result, torch, p, outs, recorded)
+    errors = _record_threads(result, outs, per_thread)
     losses = outs[0].get("losses") or []
     result["loss"] = {"first": losses[0], "last": losses[-1]} if losses else None
     warm = [o["warmup_s"] for o in outs if o.get("warmup_s") is not None]
@@ -1173,6 +1119,182 @@ def run(params):
             "message": f"loss became {losses[-1]!r}",
         }
     return _finish(result, t_start)
+
+
+def _record_versions(result, torch):
+    """torch's and triton's versions, and the inductor cache as the run finds it."""
+    result["torch"] = torch.__version__
+    try:
+        import triton
+
+        result["triton"] = triton.__version__
+    except Exception:
+        result["triton"] = None
+    result["inductor_cache"] = _cache_dir_facts(torch)
+
+
+def _compile_disabled_by_env():
+    return os.environ.get("TORCH_COMPILE_DISABLE", "") not in ("", "0") or os.environ.get(
+        "TORCHDYNAMO_DISABLE", ""
+    ) not in ("", "0")
+
+
+def _record_setup(result, p, lengths):
+    """What the resolved params ask for: preset, attention, compile, dimensions, data."""
+    result["preset"] = p["preset"]
+    result["attn"] = p["attn"]
+    result["compile"] = {
+        "requested": bool(p["compile"]),
+        "backend": p["compile_backend"] if p["compile"] else None,
+        "mode": p["compile_mode"],
+        "disabled_by_env": _compile_disabled_by_env(),
+    }
+    result["dims"] = {
+        k: p[k]
+        for k in (
+            "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
+            "target_layers", "seq_len", "anchors", "block_size", "batch", "warmup", "steps",
+            "loss_chunk", "vary_shapes", "dtype",
+        )
+    }  # fmt: skip
+    result["data"] = {"path": p["data"], "records": len(lengths)} if lengths else None
+
+
+class _recorded_warnings:
+    """Keep the message of every warning shown inside the block (and still show it)."""
+
+    def __enter__(self):
+        self.messages = []
+        self.old_show = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            self.messages.append(str(message))
+            self.old_show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        return self.messages
+
+    def __exit__(self, *exc):
+        warnings.showwarning = self.old_show
+        return False
+
+
+def _train_drafters(torch, p, lengths, result):
+    """Build and train ``drafter_threads`` drafters (``result["race"]`` says which knobs
+    were applied); returns each drafter's outcome, its facts and the warnings shown.
+    A failure is recorded in the first drafter's outcome, never raised."""
+    n_threads = int(p["drafter_threads"])
+    outs = [{} for _ in range(n_threads)]
+    trainers = [None] * n_threads
+    with _recorded_warnings() as recorded:
+        try:
+            _FLEX_EAGER_CALLS[0] = 0
+            _reset_dynamo(torch)  # counters and caches are per process: make them per run
+            result["race"] = _apply_race_knobs(torch, p)
+            if p["device"].startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            log(
+                f"preset {p['preset']} on {result['device'].get('name')}: attn={p['attn']} "
+                f"compile={p['compile']} ({p['compile_unit']}) threads={n_threads} "
+                f"masks={p['mask_build']} samples={p['samples']}"
+            )
+            _build_and_train(torch, p, lengths, trainers, outs)
+        except BaseException as exc:  # a patch module that fails to import, say
+            outs[0].setdefault("error", _error_dict(exc))
+            outs[0]["error"].setdefault("stage", "setup")
+            outs[0]["traceback"] = traceback.format_exc()
+    per_thread = [
+        _thread_facts(p, i, tr, out)
+        for i, (tr, out) in enumerate(zip(trainers, outs))  # noqa: B905
+    ]
+    trainers.clear()  # free the drafters before the memory facts
+    return outs, per_thread, recorded
+
+
+def _build_and_train(torch, p, lengths, trainers, outs):
+    """Fill ``trainers`` and train them: one in this thread, several in threads of their own."""
+    n_threads = len(trainers)
+    # The field's drafters each built their own model in their own thread, so their
+    # compiles start out of step: one thread traces while another enters a compiled
+    # function. "once" builds everything here, before any thread starts.
+    in_thread = n_threads > 1 and p["mask_build"] != "once"
+    if not in_thread:
+        try:
+            for i in range(n_threads):
+                trainers[i] = Trainer(torch, p, index=i, lengths=lengths)
+            if p["mask_build"] == "once":
+                for tr in trainers:  # here, in the main thread, before any drafter thread
+                    tr.prebuild_mask()
+        except BaseException as exc:
+            outs[0]["error"] = _error_dict(exc)
+            outs[0]["error"]["stage"] = "build"
+            outs[0]["traceback"] = traceback.format_exc()
+    if n_threads == 1:
+        if trainers[0] is not None:
+            _run_trainer(torch, trainers[0], p, None, outs[0])
+    elif in_thread or all(tr is not None for tr in trainers):
+        _train_in_threads(torch, p, lengths, trainers, outs)
+
+
+def _train_in_threads(torch, p, lengths, trainers, outs):
+    """One thread per drafter, in step at a barrier; a drafter not built yet is built in
+    its own thread."""
+    barrier = threading.Barrier(len(trainers))
+
+    def drafter(i):
+        if trainers[i] is None:
+            try:
+                trainers[i] = Trainer(torch, p, index=i, lengths=lengths)
+            except BaseException as exc:
+                outs[i]["error"] = dict(_error_dict(exc), stage="build", thread=i)
+                outs[i]["error"]["after_steps"] = 0
+                outs[i]["traceback"] = traceback.format_exc()
+                barrier.abort()
+                return
+        _run_trainer(torch, trainers[i], p, barrier, outs[i])
+
+    threads = [
+        threading.Thread(target=drafter, args=(i,), daemon=True) for i in range(len(trainers))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _record_compile_facts(result, torch, p, outs, recorded):
+    """What compiling did: fallbacks to eager attention, warnings, FX flag, dynamo's
+    counters, compile times, memory, and whether compile was in effect at all."""
+    fallback_warned = any("without torch.compile" in m for m in recorded)
+    result["flex_fallback"] = bool(_FLEX_EAGER_CALLS[0] > 0 or fallback_warned)
+    result["flex_eager_calls"] = _FLEX_EAGER_CALLS[0]
+    result["warnings"] = sorted(set(m.splitlines()[0][:200] for m in recorded))[:10]
+    result["fx_tracing"] = _fx_facts(torch)
+    result["dynamo"] = _dynamo_facts(torch, outs[0].get("frames_after_first"))
+    result["compile_times"] = _compile_times(torch)
+    result["memory"] = _memory_facts(torch, p["device"])
+    result["compile"]["effective"] = (
+        bool(p["compile"])
+        and not result["compile"]["disabled_by_env"]
+        and (result["dynamo"].get("frames_compiled", 0) > 0)
+    )
+    result["compile"]["unit"] = p["compile_unit"]
+
+
+def _record_threads(result, outs, per_thread):
+    """Each drafter's outcome (tracebacks go to stderr); returns the errors, first first."""
+    errors = [o["error"] for o in outs if o.get("error")]
+    for o in outs:
+        if o.get("traceback"):
+            sys.stderr.write(o["traceback"])
+    result["threads"] = {
+        "count": len(outs),
+        "errors": errors,
+        "crashed": sum(1 for o in outs if o.get("error")),
+        "died": [o["error"].get("thread", 0) for o in outs if o.get("error")],
+        "per_thread": per_thread,
+    }
+    return errors
 
 
 def _throughput(result, p, outs, dev_facts):
