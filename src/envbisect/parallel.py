@@ -28,6 +28,7 @@ from envbisect.bisect.workers import (
     visible_gpus,
 )
 from envbisect.errors import EnvBisectError, WorkerError
+from envbisect.failure import FailureKind
 from envbisect.transport import Transport, kill_running
 
 Progress = Callable[[str], None]
@@ -278,7 +279,7 @@ def prepare(
     def after_run(m: Any, stderr: Path, worker: Worker) -> Any:
         if worker.slurm is None:
             return m
-        if m.failure and m.failure.startswith("timeout"):
+        if m.failure is not None and m.failure.kind is FailureKind.TIMEOUT:
             allocations.cancel_worker(worker.name)
         return annotate(m, stderr)
 
