@@ -27,7 +27,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ from envbisect.bisect.search import (
     search,
 )
 from envbisect.bisect.session import Session, TrialRecord, state_key
-from envbisect.bisect.verdict import Noise
+from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
 from envbisect.failure import Failure
 from envbisect.metric import (
@@ -57,6 +57,7 @@ from envbisect.metric import (
     SAMPLES_ENV,
     Measurement,
     MetricSpec,
+    Threshold,
     format_ktok,
     format_tok,
     measure,
@@ -318,8 +319,6 @@ class CheckResult:
     @property
     def within_noise(self) -> bool:
         """The median sits inside the noise band of the threshold: the verdict may flip."""
-        from envbisect.bisect.verdict import Judge, Verdict
-
         if self.verdict == "skip":
             return False
         judge = Judge(self.threshold, Noise.from_groups([self.samples]))
@@ -377,12 +376,11 @@ class RunOptions:
 
     good: Path
     bad: Path | None
-    threshold: float | None
     smoke: SmokeCommand
     python: str
+    # A throughput, a fraction of the measured good state (--until 70%), or the default.
+    goal: Threshold = field(default_factory=Threshold)
     transport: Transport = field(default_factory=Transport)
-    threshold_fraction: float | None = None  # --until 70%: of the measured good state
-    threshold_source: str = "default"
     session_dir: Path = Path(".envbisect/session")
     resume: bool = False
     fresh: bool = False
@@ -398,8 +396,8 @@ class RunOptions:
     def search_settings(self, ordered: Mapping[str, Sequence[str]], workers: int) -> SearchSettings:
         """What the engine is asked: these options, the ordered units, ``workers`` at once."""
         return SearchSettings(
-            threshold=self.threshold,
-            threshold_fraction=self.threshold_fraction,
+            threshold=self.goal.value,
+            threshold_fraction=self.goal.fraction,
             repeats=self.repeats,
             max_samples=self.max_samples,
             max_trials=self.max_trials,
@@ -428,12 +426,9 @@ class TrialRow:
     @classmethod
     def of(cls, trial: Trial, index: int, outlier: str | None) -> TrialRow:
         """The engine's trial, as trial ``index`` of the session."""
-        positions = dict(trial.state.positions)
         return cls(
             index=index,
-            applied=tuple(
-                f"{u}@{positions[u]}" if u in positions else u for u in sorted(trial.state.applied)
-            ),
+            applied=_applied_names(trial.state.applied, trial.state.positions),
             samples=tuple(trial.samples),
             median=trial.median,
             verdict=trial.verdict.value,
@@ -442,6 +437,21 @@ class TrialRow:
             purpose=trial.purpose,
             round=trial.round,
             worker=trial.worker,
+        )
+
+    @classmethod
+    def from_record(cls, rec: TrialRecord, verdict: Mapping[str, Any]) -> TrialRow:
+        """A logged trial, judged as its logged ``verdict`` event says (``{}``: not yet)."""
+        return cls(
+            index=rec.index,
+            applied=_applied_names(rec.applied, rec.positions),
+            samples=rec.samples,
+            median=median(rec.samples) if rec.samples else None,
+            verdict=str(verdict.get("verdict") or "-"),
+            failure=rec.failure,
+            outlier=verdict.get("outlier"),
+            round=rec.round or 0,
+            worker=rec.worker,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -472,6 +482,12 @@ class TrialRow:
             round=int(d.get("round") or 0),
             worker=d.get("worker"),
         )
+
+
+def _applied_names(applied: Iterable[str], positions: Iterable[tuple[str, int]]) -> tuple[str, ...]:
+    """``git:/r@3`` for an ordered unit applied at a position, else the unit id; sorted."""
+    at = dict(positions)
+    return tuple(f"{u}@{at[u]}" if u in at else u for u in sorted(applied))
 
 
 @dataclass(frozen=True)
@@ -955,9 +971,9 @@ def _open_session(options: RunOptions) -> Session:
     header = {
         "good": str(options.good),
         "bad": str(options.bad) if options.bad else None,
-        "threshold": options.threshold,
-        "threshold_fraction": options.threshold_fraction,
-        "threshold_source": options.threshold_source,
+        "threshold": options.goal.value,
+        "threshold_fraction": options.goal.fraction,
+        "threshold_source": options.goal.source,
         "smoke": list(options.smoke.argv),
         "repeats": options.repeats,
         "on_crash": options.on_crash,
@@ -1112,8 +1128,8 @@ class _RunContext:
             bad_path=self.bad_path,
             smoke=self.options.smoke,
             target_args=_target_args(self.options),
-            threshold_source=self.options.threshold_source,
-            threshold_fraction=self.options.threshold_fraction,
+            threshold_source=self.options.goal.source,
+            threshold_fraction=self.options.goal.fraction,
             machine=machine_facts(self.bad, self.options),
         )
 
@@ -1136,7 +1152,7 @@ def _nothing_to_bisect(context: _RunContext, actuator: Actuator) -> RunResult:
     session.unlock()
     return context.result(
         outcome=outcome,
-        threshold=context.options.threshold,
+        threshold=context.options.goal.value,
         message=f"nothing to bisect: {why}",
     )
 
@@ -1212,9 +1228,7 @@ def machine_facts(bad: mf.Manifest | None, options: RunOptions) -> dict[str, Any
 def _threshold_hint(result: SearchResult, options: RunOptions) -> str:
     """When a given threshold does not separate endpoints that differ by more than the
     noise, the threshold that would: midway (geometric) between their medians."""
-    from envbisect.bisect.verdict import Noise, median
-
-    if options.threshold is None and options.threshold_fraction is None:
+    if options.goal.value is None and options.goal.fraction is None:
         return ""
     ends = result.trials[:2]
     if len(ends) < 2 or any(t.failure or not t.samples for t in ends):
@@ -1241,8 +1255,6 @@ def outlier(
     """Why a state's speed is itself a finding, or None: faster than the good endpoint or
     slower than the bad one by more than the noise (z = 3 on the medians' difference, at
     least 5%). Nothing in between the endpoints explains such a state: look at its log."""
-    from envbisect.bisect.verdict import Noise, median
-
     if not samples or not good:
         return None
     noise = Noise(sigma=sigma, dof=1)

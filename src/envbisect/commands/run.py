@@ -178,9 +178,7 @@ class RunFlags:
         return RunOptions(
             good=good.absolute(),
             bad=Path(self.bad).absolute() if self.bad else None,
-            threshold=threshold.value,
-            threshold_fraction=threshold.fraction,
-            threshold_source=threshold.source,
+            goal=threshold,
             smoke=smoke,
             python=py,
             transport=transport,
