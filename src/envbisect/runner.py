@@ -125,7 +125,7 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class _Launch:
+class Launch:
     """One process of a run as it ended (``started`` False: it never did)."""
 
     argv: tuple[str, ...]  # as logged (the drafter's shows what went on stdin)
@@ -145,7 +145,7 @@ class RunLog:
 
     name: str
     cwd: Path | None
-    launch: _Launch
+    launch: Launch
     wall_s: float
     measurement: Measurement
 
@@ -194,7 +194,7 @@ def run_once(
     return m
 
 
-def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[_Launch, Measurement]:
+def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
     spec.log_dir.mkdir(parents=True, exist_ok=True)
     result_file = spec.log_dir / f"{spec.name}.result.json"
     if result_file.exists():
@@ -223,7 +223,7 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[_Launch, Measurement]
 
 def _launch_drafter(
     smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]
-) -> tuple[_Launch, dict[str, Any] | None]:
+) -> tuple[Launch, dict[str, Any] | None]:
     """The drafter shipped on stdin; its result comes back in a frame on stdout."""
     params = {"samples": spec.samples, **dict(smoke.drafter_params)}
     bundle = build_bundle(DRAFTER, params, deadline_s=spec.timeout_s)
@@ -236,7 +236,7 @@ def _launch_drafter(
     return launch, frame
 
 
-def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> _Launch:
+def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> Launch:
     """A user command, its paths mapped into the state; through layers it changes into the
     state's cwd on the far side."""
     argv = [*spec.pin, *(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)]
@@ -250,12 +250,12 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
     except TransportError as exc:
         # e.g. the state's PATH has no such program: this state cannot run the command.
         failed = Measurement(None, Failure.crash(f"{exc}"), None)
-        return _Launch(tuple(argv), program, reading=failed)
+        return Launch(tuple(argv), program, reading=failed)
 
 
 def _launch(
     spec: RunSpec, run_env: dict[str, str], argv: list[str], stdin: bytes = b"", slack_s: float = 0
-) -> _Launch:
+) -> Launch:
     # Through layers the local environment only reaches the first hop: the state's
     # variables ride in an innermost env layer instead.
     via = _far_transport(spec.transport, run_env) if spec.remote else spec.transport
@@ -268,7 +268,7 @@ def _launch(
         cwd=None if spec.remote else spec.cwd,
         name=spec.name,
     )
-    return _Launch(
+    return Launch(
         tuple(argv),
         started=True,
         exit_status=res.returncode,

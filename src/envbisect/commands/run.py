@@ -176,23 +176,26 @@ class RunFlags:
             log_dir=session_dir.parent / "probe",
         )
         return RunOptions(
+            # what to bisect, and against which goal
             good=good.absolute(),
             bad=Path(self.bad).absolute() if self.bad else None,
             goal=threshold,
             smoke=smoke,
+            # where it runs
             python=py,
             transport=transport,
+            cwd=Path.cwd(),
+            config=config,
+            workers=workers,
+            # the session, and how much to measure
             session_dir=session_dir,
             resume=self.resume,
             fresh=self.fresh,
-            repeats=repeats,
             max_samples=max(9, repeats),
+            repeats=repeats,
             max_trials=self.max_trials,
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
-            config=config,
-            cwd=Path.cwd(),
-            workers=workers,
         )
 
 
