@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from envbisect import manifest as mf
 from envbisect.bisect.actuate import Actuator
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from envbisect.runner import RunOptions, _TrialRunner
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
 def in_place_units(diff: DiffResult) -> list[str]:
@@ -257,8 +258,8 @@ def calibrate_each(
 
 
 def _all_at_once(
-    jobs: Sequence[Callable[[], Any]], cancel: threading.Event, on_cancel: Callable[[], Any]
-) -> list[Any]:
+    jobs: Sequence[Callable[[], T]], cancel: threading.Event, on_cancel: Callable[[], Any]
+) -> list[T]:
     """Run the jobs in threads at once; on Ctrl-C set ``cancel`` (nothing is logged) and
     kill every running process."""
     pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="envbisect-cal")

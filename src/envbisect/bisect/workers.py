@@ -37,12 +37,16 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from envbisect.bisect.search import Event, EventKind, Outcome, State
 from envbisect.bisect.verdict import Noise, median
 from envbisect.errors import UsageError, WorkerError
 from envbisect.transport import Transport
+
+if TYPE_CHECKING:
+    from envbisect.config import Config, Target, WorkerConfig
 
 # A worker whose good-state speed differs from the reference worker's by more than this
 # factor is not the same kind of machine (or not idle): refused rather than calibrated.
@@ -198,7 +202,7 @@ def slot_workers(
     ]
 
 
-def config_workers(specs: Sequence[Any], targets: Mapping[str, Any]) -> list[Worker]:
+def config_workers(specs: Sequence[WorkerConfig], targets: Mapping[str, Target]) -> list[Worker]:
     """Workers from envbisect.yaml's ``workers:`` (already type-checked by config)."""
     out = []
     for spec in specs:
@@ -485,7 +489,7 @@ def nvidia_smi_count() -> int | None:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def target_gpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
+def target_gpus(transport: Transport, python: str, log_dir: Path) -> list[int]:
     """The GPU indices a trial on the target may use: ``CUDA_VISIBLE_DEVICES`` of this
     process when the target is this host and it is set, else what ``nvidia-smi`` lists
     there (none without nvidia-smi)."""
@@ -507,7 +511,7 @@ def target_gpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
     return [int(w) for w in res.stdout().decode("utf-8", "replace").split() if w.isdigit()]
 
 
-def target_cpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
+def target_cpus(transport: Transport, python: str, log_dir: Path) -> list[int]:
     """The cores a process on the target may run on."""
     if not transport.layers:
         return cpus_of_host()
@@ -523,11 +527,11 @@ def target_cpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
 
 def resolve(
     value: str | None,
-    config: Any,
+    config: Config | None,
     *,
     transport: Transport,
     python: str,
-    log_dir: Any,
+    log_dir: Path,
 ) -> tuple[Worker, ...]:
     """The workers of a run: ``--workers N|auto`` (slots of the target), else envbisect.yaml's
     ``workers:``, else none (one trial at a time on the target, as without workers)."""
