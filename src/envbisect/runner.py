@@ -580,11 +580,12 @@ class _TrialWork:
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
 
-    def outcome(self, *, untestable: bool = True) -> Outcome:
+    def outcome(self) -> Outcome:
+        """What the engine (or calibration, which reads samples and failure) is told."""
         return Outcome(
             samples=tuple(self.samples),
             failure=self.failure,
-            untestable=self.untestable and untestable,
+            untestable=self.untestable,
             worker=self.name,
         )
 
@@ -656,7 +657,7 @@ class _TrialRunner:
         with work.actuator.realize(work.applied, work.positions, work.trial_dir) as realized:
             realized = self._gather(work, realized)
             if calibration:
-                return work.outcome(untestable=False)
+                return work.outcome()
             call = TrialCall(
                 realized,
                 work.transport,
