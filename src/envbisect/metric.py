@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.errors import UsageError
+from envbisect.failure import Failure
 
 # How many timed windows a trial asks one run for (the built-in drafter reads it; any smoke
 # command may, and report them as a ``samples`` list in its result).
@@ -89,7 +90,7 @@ class Measurement:
     """One run's throughput, or why there is none."""
 
     tok_per_s: float | None
-    failure: str | None = None
+    failure: Failure | None = None
     source: str | None = None  # "file" | "frame" | "line" | "regex"
     result: dict[str, Any] = field(default_factory=dict)
 
@@ -216,16 +217,17 @@ def from_result(result: dict[str, Any], source: str) -> Measurement:
             why = f"{error.get('class') or 'Error'}: {error.get('message') or ''}".strip()
         else:
             why = str(error or "ok is false")
-        kind = "oom" if "OutOfMemory" in why or "out of memory" in why else "crash"
-        return Measurement(None, f"{kind}: {why}", source, result)
+        if "OutOfMemory" in why or "out of memory" in why:
+            return Measurement(None, _oom(why), source, result)
+        return Measurement(None, Failure.crash(why), source, result)
     if isinstance(tok, (int, float)) and not isinstance(tok, bool):
         if not math.isfinite(float(tok)):
             # Infinity, 1e999 or NaN: no run is that fast; counting it good or bad would
             # decide a verdict on a broken number.
-            return Measurement(None, f"crash: non-finite throughput ({tok} tok/s)", source, result)
+            return Measurement(None, _non_finite(tok), source, result)
         if tok >= 0:
             return Measurement(float(tok), None, source, result)
-    return Measurement(None, f"no metric: result has no tok_per_s ({source})", source, result)
+    return Measurement(None, _no_metric(f"result has no tok_per_s ({source})"), source, result)
 
 
 def read_result_file(path: Path) -> dict[str, Any] | None:
@@ -266,8 +268,7 @@ def measure(
     ``ok: false`` or a non-zero exit is a crash even when a number was logged before it.
     """
     if timed_out:
-        limit = f" after {timeout_s:g}s" if timeout_s else ""
-        return Measurement(None, f"timeout{limit}", None)
+        return Measurement(None, Failure.timeout(f"after {timeout_s:g}s" if timeout_s else ""))
     candidates: list[tuple[str, dict[str, Any] | None]] = [
         ("file", read_result_file(result_file) if result_file is not None else None),
         ("frame", frame),
@@ -283,7 +284,7 @@ def measure(
             stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
         )
         if value is not None and not math.isfinite(value):
-            found = Measurement(None, f"crash: non-finite throughput ({value} tok/s)", "regex")
+            found = Measurement(None, _non_finite(value), "regex")
         elif value is not None:
             found = Measurement(value, None, "regex")
     if returncode not in (0, None):
@@ -296,20 +297,33 @@ def measure(
             if spec
             else ("no ENVBISECT_RESULT (file, line or frame); use --metric-regex for a log line")
         )
-        return Measurement(None, f"no metric: {how}", None)
+        return Measurement(None, _no_metric(how), None)
     return found
 
 
-def _crash_reason(returncode: int, stderr: bytes) -> str:
+def _crash_reason(returncode: int, stderr: bytes) -> Failure:
     tail = stderr[-65536:]
     last = ""
     for line in reversed(tail.decode("utf-8", "replace").splitlines()):
         if line.strip():
             last = line.strip()[:200]
             break
-    if any(marker in tail for marker in _OOM_MARKERS) or returncode in (-9, 137):
-        kind = "oom"
-    else:
-        kind = "crash"
     signal_note = f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
-    return f"{kind}: {signal_note}" + (f": {last}" if last else "")
+    detail = signal_note + (f": {last}" if last else "")
+    if any(marker in tail for marker in _OOM_MARKERS) or returncode in (-9, 137):
+        return _oom(detail)
+    return Failure.crash(detail)
+
+
+# Out of memory and a run that reported no number have no FailureKind of their own: their
+# text keeps the prefix users know (kind OTHER), which never reads as a build failure.
+def _oom(detail: str) -> Failure:
+    return Failure(f"oom: {detail}")
+
+
+def _no_metric(how: str) -> Failure:
+    return Failure(f"no metric: {how}")
+
+
+def _non_finite(value: object) -> Failure:
+    return Failure.crash(f"non-finite throughput ({value} tok/s)")

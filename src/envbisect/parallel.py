@@ -13,12 +13,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from envbisect import manifest as mf
 from envbisect.bisect.actuate import Actuator
 from envbisect.bisect.search import State
-from envbisect.bisect.session import Session, TrialRecord, state_key
+from envbisect.bisect.session import Session, state_key
 from envbisect.bisect.workers import (
     Calibration,
     Worker,
@@ -28,12 +28,19 @@ from envbisect.bisect.workers import (
     visible_gpus,
 )
 from envbisect.errors import EnvBisectError, WorkerError
+from envbisect.failure import FailureKind
 from envbisect.transport import Transport, kill_running
 
+if TYPE_CHECKING:
+    from envbisect.diff import DiffResult
+    from envbisect.metric import Measurement
+    from envbisect.runner import RunOptions, _TrialRunner
+
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
-def in_place_units(diff: Any) -> list[str]:
+def in_place_units(diff: DiffResult) -> list[str]:
     """Bisectable units with a file swapped in place (outside every repo of the diff): two
     trials on one host cannot hold two versions of that file at once."""
     repos = [Path(c.key) for u in diff.units for c in u.changes if c.section == "git"]
@@ -52,7 +59,7 @@ def in_place_units(diff: Any) -> list[str]:
 
 
 def worker_actuators(
-    workers: Sequence[Worker], base: Actuator, units: Sequence[str], diff: Any
+    workers: Sequence[Worker], base: Actuator, units: Sequence[str], diff: DiffResult
 ) -> dict[str, Actuator]:
     """An actuator per worker that has a chain of its own; the others share ``base``.
 
@@ -142,38 +149,30 @@ def _env_of_run() -> Mapping[str, str]:
     return os.environ
 
 
+# What calibration decides: the workers kept, their scale factors, and the sticky
+# assignment of the good state to the reference worker (the search replays its trial).
+Calibrated = tuple[list[Worker], dict[str, float], dict[State, str]]
+
+
 def calibrate_workers(
     workers: Sequence[Worker],
-    tester: Any,
+    tester: _TrialRunner,
     *,
     session: Session,
     samples: int,
     progress: Progress,
     on_cancel: Callable[[], Any] = kill_running,
-) -> tuple[list[Worker], dict[str, float], dict[State, str]]:
+) -> Calibrated:
     """Measure the good state on every worker (all at once); the reference worker's run is
     a logged trial that the search replays as its good endpoint. Returns the workers kept,
     their scale factors and the sticky assignment (good state -> reference worker). Read
     back from the log on --resume."""
     good = State.of(())
-    names = [w.name for w in workers]
-    logged = [
-        e for e in session.events() if e.get("type") == "calibration" and e.get("worker") in names
-    ]
+    logged = _logged_calibration(workers, session)
     if logged:
-        cal = [
-            Calibration(
-                str(e["worker"]),
-                tuple(e.get("samples") or ()),
-                float(e.get("median") or 0),
-                float(e.get("factor") or 1),
-                str(e.get("decision")),
-            )
-            for e in logged
-        ]
-        kept = [w for w in workers if any(c.worker == w.name for c in cal)]
         progress("calibration read back from the session log")
-        return kept, {c.worker: c.factor for c in cal}, {good: cal[0].worker}
+        kept = [w for w in workers if any(c.worker == w.name for c in logged)]
+        return kept, {c.worker: c.factor for c in logged}, {good: logged[0].worker}
     progress(f"calibrating: the good state on each of {len(workers)} workers at once")
     ref = workers[0]
     tester.rounds = {good: 0}  # round 0: the calibration, before the search's first
@@ -186,13 +185,7 @@ def calibrate_workers(
         cancel,
         on_cancel,
     )
-    # The search replays the reference worker's trial as its good endpoint.
-    key = state_key((), ())
-    for rec in reversed(tester.records):
-        if isinstance(rec, TrialRecord) and rec.key == key and rec.worker == ref.name:
-            tester.records.remove(rec)
-            tester.replay[key] = rec
-            break
+    _replay_as_good_endpoint(tester, ref)
     measured: list[tuple[str, tuple[float, ...]]] = []
     for w, out in zip(workers, outs, strict=True):
         if out.failure or not out.samples:
@@ -212,6 +205,33 @@ def calibrate_workers(
             f"factor {c.factor:.3f} ({c.decision})"
         )
     return kept, {c.worker: c.factor for c in decided}, {good: ref.name}
+
+
+def _logged_calibration(workers: Sequence[Worker], session: Session) -> list[Calibration]:
+    """The calibration of these workers an earlier run of the session logged (--resume)."""
+    names = [w.name for w in workers]
+    return [
+        Calibration(
+            str(e["worker"]),
+            tuple(e.get("samples") or ()),
+            float(e.get("median") or 0),
+            float(e.get("factor") or 1),
+            str(e.get("decision")),
+        )
+        for e in session.events()
+        if e.get("type") == "calibration" and e.get("worker") in names
+    ]
+
+
+def _replay_as_good_endpoint(tester: _TrialRunner, ref: Worker) -> None:
+    """The search replays the reference worker's trial of the good state as its good
+    endpoint (rather than measuring it again)."""
+    key = state_key((), ())
+    for rec in reversed(tester.records):
+        if rec.key == key and rec.worker == ref.name:
+            tester.records.remove(rec)
+            tester.replay[key] = rec
+            return
 
 
 def calibrate_each(
@@ -238,8 +258,8 @@ def calibrate_each(
 
 
 def _all_at_once(
-    jobs: Sequence[Callable[[], Any]], cancel: threading.Event, on_cancel: Callable[[], Any]
-) -> list[Any]:
+    jobs: Sequence[Callable[[], T]], cancel: threading.Event, on_cancel: Callable[[], Any]
+) -> list[T]:
     """Run the jobs in threads at once; on Ctrl-C set ``cancel`` (nothing is logged) and
     kill every running process."""
     pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="envbisect-cal")
@@ -257,11 +277,11 @@ def _all_at_once(
 def prepare(
     workers: Sequence[Worker],
     *,
-    tester: Any,
+    tester: _TrialRunner,
     actuator: Actuator,
     units: Sequence[str],
-    diff: Any,
-    options: Any,
+    diff: DiffResult,
+    options: RunOptions,
     session: Session,
     progress: Progress,
 ) -> WorkerPool:
@@ -275,10 +295,10 @@ def prepare(
         kill_running()
         allocations.cancel_all()
 
-    def after_run(m: Any, stderr: Path, worker: Worker) -> Any:
+    def after_run(m: Measurement, stderr: Path, worker: Worker) -> Measurement:
         if worker.slurm is None:
             return m
-        if m.failure and m.failure.startswith("timeout"):
+        if m.failure is not None and m.failure.kind is FailureKind.TIMEOUT:
             allocations.cancel_worker(worker.name)
         return annotate(m, stderr)
 

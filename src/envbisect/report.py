@@ -372,26 +372,7 @@ def session_rows(session: Session) -> list[TrialRow]:
     if end is not None and session.finished() and end.get("trials") is not None:
         return [TrialRow.from_dict(t) for t in end["trials"]]
     verdicts = session.verdicts()
-    rows = []
-    for r in session.trials():
-        v = verdicts.get(r.index, {})
-        applied = tuple(
-            f"{u}@{dict(r.positions)[u]}" if u in dict(r.positions) else u for u in r.applied
-        )
-        rows.append(
-            TrialRow(
-                index=r.index,
-                applied=applied,
-                samples=r.samples,
-                median=_median(r.samples),
-                verdict=str(v.get("verdict") or "-"),
-                failure=r.failure,
-                outlier=v.get("outlier"),
-                round=r.round or 0,
-                worker=r.worker,
-            )
-        )
-    return rows
+    return [TrialRow.from_record(r, verdicts.get(r.index, {})) for r in session.trials()]
 
 
 def log_table(session: Session) -> str:
@@ -430,11 +411,3 @@ def _rounds(rows: Sequence[TrialRow]) -> str:
         return ""
     rounds = max((r.round for r in rows), default=0)
     return f" in {rounds} rounds on {len(workers)} workers ({', '.join(workers)})"
-
-
-def _median(samples: Sequence[float]) -> float | None:
-    if not samples:
-        return None
-    xs = sorted(samples)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2

@@ -27,10 +27,10 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
@@ -38,18 +38,37 @@ from envbisect.agent.redact import redact_env as redact_value
 from envbisect.agent.redact import redact_tree
 from envbisect.bisect.actuate import Actuator, Realized
 from envbisect.bisect.faithful import StateCheck, check_state, expected_facts
+from envbisect.bisect.search import (
+    Event,
+    EventKind,
+    Outcome,
+    SearchResult,
+    SearchSettings,
+    State,
+    Trial,
+    search,
+)
 from envbisect.bisect.session import Session, TrialRecord, state_key
+from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
+from envbisect.failure import Failure
 from envbisect.metric import (
     RESULT_ENV,
     SAMPLES_ENV,
     Measurement,
     MetricSpec,
+    Threshold,
     format_ktok,
     format_tok,
     measure,
 )
 from envbisect.transport import Layer, LayerKind, Transport
+
+if TYPE_CHECKING:
+    from envbisect.bisect.slurm import Allocations
+    from envbisect.bisect.workers import Worker, WorkerPool
+    from envbisect.config import Config
+    from envbisect.diff import DiffResult, Unit
 
 DRAFTER = "envbisect.smoke.drafter"
 
@@ -84,135 +103,178 @@ class SmokeCommand:
         return shlex.join(self.argv)
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """Where and how one run of the smoke command goes (see ``run_once``)."""
+
+    transport: Transport
+    python: str
+    env: Mapping[str, str] | None  # the run's whole environment; None: this process's
+    cwd: Path | None
+    timeout_s: float
+    log_dir: Path  # <name>.stdout, <name>.stderr, <name>.result.json
+    name: str
+    argv_map: Callable[[Sequence[str]], list[str]] | None = None  # the state's paths
+    samples: int = 1  # timed windows asked of the one process
+    pin: tuple[str, ...] = ()  # words put in front of the innermost command (taskset -c N)
+
+    @property
+    def remote(self) -> bool:
+        """Through layers: the local environment and cwd only reach the first hop."""
+        return bool(self.transport.layers)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process of a run as it ended (``started`` False: it never did)."""
+
+    argv: tuple[str, ...]  # as logged (the drafter's shows what went on stdin)
+    program: str | None = None  # what a bare name resolved to under the state's PATH
+    started: bool = False
+    exit_status: int | None = None
+    timed_out: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+    # Known without reading a metric: the agent's own error, a command that cannot start.
+    reading: Measurement | None = None
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """How one run went, as ``trial.json`` lists it under ``runs``."""
+
+    name: str
+    cwd: Path | None
+    launch: Launch
+    wall_s: float
+    measurement: Measurement
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "cwd": str(self.cwd) if self.cwd is not None else None,
+            "argv": list(self.launch.argv),
+        }
+        if self.launch.program is not None:
+            out["program"] = self.launch.program
+        if self.launch.started:
+            out.update(exit_status=self.launch.exit_status, timed_out=self.launch.timed_out)
+        m = self.measurement
+        return {
+            **out,
+            "wall_s": self.wall_s,
+            "tok_per_s": m.tok_per_s,
+            "samples": list(m.samples),
+            "failure": m.failure,
+            "source": m.source,
+        }
+
+
 def run_once(
     smoke: SmokeCommand,
+    spec: RunSpec | None = None,
     *,
-    transport: Transport,
-    python: str,
-    env: Mapping[str, str] | None,
-    cwd: Path | None,
-    timeout_s: float,
-    log_dir: Path,
-    name: str,
-    argv_map: Callable[[Sequence[str]], list[str]] | None = None,
-    samples: int = 1,
-    record: Callable[[dict[str, Any]], None] | None = None,
-    pin: Sequence[str] = (),
+    record: Callable[[RunLog], None] | None = None,
+    **where: Any,
 ) -> Measurement:
     """Run the smoke command once and read its throughput (never raises for a bad run).
 
-    ``samples`` timed windows are asked of the one process (the built-in drafter through its
-    params, any other command through ``$ENVBISECT_SAMPLES``): one start, one warm-up.
-    ``record`` receives how the run went: argv, cwd, exit status, wall time, the reading.
-    ``pin``: words put in front of the innermost command (a worker's ``taskset -c N``).
+    ``spec`` says where and how; without it, its fields as keywords (``transport=...,
+    python=..., env=..., cwd=..., timeout_s=..., log_dir=..., name=...``).
+    ``spec.samples`` timed windows are asked of the one process (the built-in drafter
+    through its params, any other command through ``$ENVBISECT_SAMPLES``): one start, one
+    warm-up. ``record`` receives how the run went: argv, cwd, exit status, wall time, the
+    reading.
     """
+    spec = spec if spec is not None else RunSpec(**where)
     started = time.monotonic()
-    ran: dict[str, Any] = {"name": name, "cwd": str(cwd) if cwd is not None else None}
-    try:
-        m = _run_once(
-            smoke,
-            transport=transport,
-            python=python,
-            env=env,
-            cwd=cwd,
-            timeout_s=timeout_s,
-            log_dir=log_dir,
-            name=name,
-            argv_map=argv_map,
-            samples=samples,
-            ran=ran,
-            pin=pin,
-        )
-    finally:
-        ran["wall_s"] = round(time.monotonic() - started, 3)
+    launch, m = _run_once(smoke, spec)
     if record is not None:
-        record(
-            {
-                **ran,
-                "tok_per_s": m.tok_per_s,
-                "samples": list(m.samples),
-                "failure": m.failure,
-                "source": m.source,
-            }
-        )
+        record(RunLog(spec.name, spec.cwd, launch, round(time.monotonic() - started, 3), m))
     return m
 
 
-def _run_once(
-    smoke: SmokeCommand,
-    *,
-    transport: Transport,
-    python: str,
-    env: Mapping[str, str] | None,
-    cwd: Path | None,
-    timeout_s: float,
-    log_dir: Path,
-    name: str,
-    argv_map: Callable[[Sequence[str]], list[str]] | None,
-    samples: int,
-    ran: dict[str, Any],
-    pin: Sequence[str] = (),
-) -> Measurement:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    result_file = log_dir / f"{name}.result.json"
+def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
+    spec.log_dir.mkdir(parents=True, exist_ok=True)
+    result_file = spec.log_dir / f"{spec.name}.result.json"
     if result_file.exists():
         result_file.unlink()
-    run_env = dict(env if env is not None else os.environ)
-    run_env[SAMPLES_ENV] = str(samples)
-    remote = bool(transport.layers)
-    if not remote:
+    run_env = dict(spec.env if spec.env is not None else os.environ)
+    run_env[SAMPLES_ENV] = str(spec.samples)
+    if not spec.remote:
         run_env[RESULT_ENV] = str(result_file)  # a path on this machine: not for a far side
-    # Through layers the local environment only reaches the first hop: the state's
-    # variables ride in an innermost env layer instead.
-    via = _far_transport(transport, run_env) if remote else transport
     if smoke.builtin:
-        params = {"samples": samples, **dict(smoke.drafter_params)}
-        bundle = build_bundle(DRAFTER, params, deadline_s=timeout_s)
-        ran["argv"] = [python, "-", f"(stdin: {DRAFTER} {params})"]
-        res = via.run(
-            [*pin, python, "-"],
-            stdin=bundle.source,
-            timeout_s=timeout_s + 5,
-            log_dir=log_dir,
-            env=None if remote else run_env,
-            cwd=None if remote else cwd,
-            name=name,
-        )
-        ran.update(exit_status=res.returncode, timed_out=res.timed_out)
-        frame = find_frame(res.stdout(), bundle.nonce)
-        if frame is not None and "__agent_error__" in frame:
-            return Measurement(None, f"crash: {frame['__agent_error__']}", "frame")
+        launch, frame = _launch_drafter(smoke, spec, run_env)
     else:
-        argv = [*pin, *(argv_map(smoke.argv) if argv_map else smoke.argv)]
-        if remote and cwd is not None:
-            argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *argv]
-        ran["argv"] = list(argv)
-        if not remote:
-            # Which program a bare name like "python" resolved to under the state's PATH.
-            ran["program"] = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
-        try:
-            res = via.run(
-                argv,
-                timeout_s=timeout_s,
-                log_dir=log_dir,
-                env=None if remote else run_env,
-                cwd=None if remote else cwd,
-                name=name,
-            )
-        except TransportError as exc:
-            # e.g. the state's PATH has no such program: this state cannot run the command.
-            return Measurement(None, f"crash: {exc}", None)
-        ran.update(exit_status=res.returncode, timed_out=res.timed_out)
-        frame = None
-    return measure(
-        stdout=res.stdout(),
-        stderr=res.stderr_path.read_bytes(),
-        returncode=res.returncode,
-        timed_out=res.timed_out,
-        timeout_s=timeout_s,
-        result_file=None if transport.layers else result_file,
+        launch, frame = _launch_command(smoke, spec, run_env), None
+    if launch.reading is not None:
+        return launch, launch.reading
+    return launch, measure(
+        stdout=launch.stdout,
+        stderr=launch.stderr,
+        returncode=launch.exit_status,
+        timed_out=launch.timed_out,
+        timeout_s=spec.timeout_s,
+        result_file=None if spec.remote else result_file,
         frame=frame,
         spec=smoke.metric,
+    )
+
+
+def _launch_drafter(
+    smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]
+) -> tuple[Launch, dict[str, Any] | None]:
+    """The drafter shipped on stdin; its result comes back in a frame on stdout."""
+    params = {"samples": spec.samples, **dict(smoke.drafter_params)}
+    bundle = build_bundle(DRAFTER, params, deadline_s=spec.timeout_s)
+    launch = _launch(spec, run_env, [*spec.pin, spec.python, "-"], bundle.source, slack_s=5)
+    launch = replace(launch, argv=(spec.python, "-", f"(stdin: {DRAFTER} {params})"))
+    frame = find_frame(launch.stdout, bundle.nonce)
+    if frame is not None and "__agent_error__" in frame:
+        failed = Measurement(None, Failure.crash(f"{frame['__agent_error__']}"), "frame")
+        return replace(launch, reading=failed), frame
+    return launch, frame
+
+
+def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> Launch:
+    """A user command, its paths mapped into the state; through layers it changes into the
+    state's cwd on the far side."""
+    argv = [*spec.pin, *(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)]
+    if spec.remote and spec.cwd is not None:
+        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
+    program = None
+    if not spec.remote:
+        program = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
+    try:
+        return replace(_launch(spec, run_env, argv), program=program)
+    except TransportError as exc:
+        # e.g. the state's PATH has no such program: this state cannot run the command.
+        failed = Measurement(None, Failure.crash(f"{exc}"), None)
+        return Launch(tuple(argv), program, reading=failed)
+
+
+def _launch(
+    spec: RunSpec, run_env: dict[str, str], argv: list[str], stdin: bytes = b"", slack_s: float = 0
+) -> Launch:
+    # Through layers the local environment only reaches the first hop: the state's
+    # variables ride in an innermost env layer instead.
+    via = _far_transport(spec.transport, run_env) if spec.remote else spec.transport
+    res = via.run(
+        argv,
+        stdin=stdin,
+        timeout_s=spec.timeout_s + slack_s,
+        log_dir=spec.log_dir,
+        env=None if spec.remote else run_env,
+        cwd=None if spec.remote else spec.cwd,
+        name=spec.name,
+    )
+    return Launch(
+        tuple(argv),
+        started=True,
+        exit_status=res.returncode,
+        timed_out=res.timed_out,
+        stdout=res.stdout(),
+        stderr=res.stderr_path.read_bytes(),
     )
 
 
@@ -236,7 +298,7 @@ class CheckResult:
 
     threshold: float
     samples: tuple[float, ...]
-    failure: str | None
+    failure: Failure | None
     log_dir: Path | None
 
     @property
@@ -252,15 +314,11 @@ class CheckResult:
     @property
     def noise(self) -> float:
         """Per-sample spread (log scale) of these samples, with the engine's prior."""
-        from envbisect.bisect.verdict import Noise
-
         return Noise.from_groups([self.samples]).sigma
 
     @property
     def within_noise(self) -> bool:
         """The median sits inside the noise band of the threshold: the verdict may flip."""
-        from envbisect.bisect.verdict import Judge, Noise, Verdict
-
         if self.verdict == "skip":
             return False
         judge = Judge(self.threshold, Noise.from_groups([self.samples]))
@@ -284,12 +342,11 @@ def check(
     """Measure the current state ``repeats`` times; logs kept only when something failed."""
     log_dir = Path(tempfile.mkdtemp(prefix="envbisect-check-", dir=log_root))
     samples: list[float] = []
-    failure: str | None = None
+    failure: Failure | None = None
     k = 0
     while len(samples) < repeats:
         k += 1
-        m = run_once(
-            smoke,
+        spec = RunSpec(
             transport=transport,
             python=python,
             env=None,
@@ -299,6 +356,7 @@ def check(
             name=f"run-{k}",
             samples=repeats - len(samples),
         )
+        m = run_once(smoke, spec)
         if not m.ok:
             failure = m.failure
             break
@@ -318,12 +376,11 @@ class RunOptions:
 
     good: Path
     bad: Path | None
-    threshold: float | None
     smoke: SmokeCommand
     python: str
+    # A throughput, a fraction of the measured good state (--until 70%), or the default.
+    goal: Threshold = field(default_factory=Threshold)
     transport: Transport = field(default_factory=Transport)
-    threshold_fraction: float | None = None  # --until 70%: of the measured good state
-    threshold_source: str = "default"
     session_dir: Path = Path(".envbisect/session")
     resume: bool = False
     fresh: bool = False
@@ -332,14 +389,28 @@ class RunOptions:
     max_trials: int | None = None
     timeout_s: float = 600
     on_crash: str = "bad"
-    config: Any = None  # envbisect.config.Config
+    config: Config | None = None
     cwd: Path | None = None
-    workers: tuple[Any, ...] = ()  # envbisect.bisect.workers.Worker; (): one, the target
+    workers: tuple[Worker, ...] = ()  # (): one, the target
+
+    def search_settings(self, ordered: Mapping[str, Sequence[str]], workers: int) -> SearchSettings:
+        """What the engine is asked: these options, the ordered units, ``workers`` at once."""
+        return SearchSettings(
+            threshold=self.goal.value,
+            threshold_fraction=self.goal.fraction,
+            repeats=self.repeats,
+            max_samples=self.max_samples,
+            max_trials=self.max_trials,
+            ordered=ordered,
+            on_failure=self.on_crash,
+            workers=workers,
+        )
 
 
 @dataclass(frozen=True)
 class TrialRow:
-    """One row of the trial table."""
+    """One trial as the run presents it: a row of the trial table, numbered as the session
+    numbers trials (the engine's is ``search.Trial``, the logged one ``TrialRecord``)."""
 
     index: int
     applied: tuple[str, ...]
@@ -351,6 +422,37 @@ class TrialRow:
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
     round: int = 0
     worker: str | None = None
+
+    @classmethod
+    def of(cls, trial: Trial, index: int, outlier: str | None) -> TrialRow:
+        """The engine's trial, as trial ``index`` of the session."""
+        return cls(
+            index=index,
+            applied=_applied_names(trial.state.applied, trial.state.positions),
+            samples=tuple(trial.samples),
+            median=trial.median,
+            verdict=trial.verdict.value,
+            failure=trial.failure,
+            outlier=outlier,
+            purpose=trial.purpose,
+            round=trial.round,
+            worker=trial.worker,
+        )
+
+    @classmethod
+    def from_record(cls, rec: TrialRecord, verdict: Mapping[str, Any]) -> TrialRow:
+        """A logged trial, judged as its logged ``verdict`` event says (``{}``: not yet)."""
+        return cls(
+            index=rec.index,
+            applied=_applied_names(rec.applied, rec.positions),
+            samples=rec.samples,
+            median=median(rec.samples) if rec.samples else None,
+            verdict=str(verdict.get("verdict") or "-"),
+            failure=rec.failure,
+            outlier=verdict.get("outlier"),
+            round=rec.round or 0,
+            worker=rec.worker,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -382,11 +484,18 @@ class TrialRow:
         )
 
 
+def _applied_names(applied: Iterable[str], positions: Iterable[tuple[str, int]]) -> tuple[str, ...]:
+    """``git:/r@3`` for an ordered unit applied at a position, else the unit id; sorted."""
+    at = dict(positions)
+    return tuple(f"{u}@{at[u]}" if u in at else u for u in sorted(applied))
+
+
 @dataclass(frozen=True)
 class Culprit:
-    """A unit (and, for a repo, the first bad commit) found guilty."""
+    """A unit (and, for a repo, the first bad commit) found guilty, as the run presents it
+    (one per unit of the engine's ``search.Isolation``)."""
 
-    unit: Any  # envbisect.diff.Unit
+    unit: Unit
     commit: str | None = None
     good_median: float | None = None  # the evidence: good state without it ...
     bad_median: float | None = None  # ... and with it (alone on top of good)
@@ -415,7 +524,7 @@ class RunResult:
     threshold: float | None
     culprits: tuple[Culprit, ...]
     trials: tuple[TrialRow, ...]
-    diff: Any  # envbisect.diff.DiffResult
+    diff: DiffResult
     blocked: Mapping[str, str]
     notes: tuple[str, ...]
     session: Path
@@ -434,6 +543,51 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.outcome == "found" and self.culprits else 1
+
+
+@dataclass
+class _TrialWork:
+    """One trial while it runs: where, on what, and what it has gathered so far (mutable:
+    runs and samples accumulate while the state is realized)."""
+
+    state: State
+    n: int
+    worker: Worker | None
+    cancel: threading.Event | None
+    trial_dir: Path
+    actuator: Actuator
+    transport: Transport
+    first_run: int  # more samples of a trial continue its run numbering
+    samples: list[float] = field(default_factory=list)
+    runs: list[RunLog] = field(default_factory=list)
+    failure: Failure | None = None
+    untestable: bool = False
+    notes: tuple[str, ...] = ()
+    check: StateCheck | None = None
+
+    @property
+    def applied(self) -> frozenset[str]:
+        return frozenset(self.state.applied)
+
+    @property
+    def positions(self) -> dict[str, int]:
+        return dict(self.state.positions)
+
+    @property
+    def name(self) -> str | None:
+        return self.worker.name if self.worker is not None else None
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def outcome(self) -> Outcome:
+        """What the engine (or calibration, which reads samples and failure) is told."""
+        return Outcome(
+            samples=tuple(self.samples),
+            failure=self.failure,
+            untestable=self.untestable,
+            worker=self.name,
+        )
 
 
 class _TrialRunner:
@@ -465,46 +619,29 @@ class _TrialRunner:
         # Workers measure in threads: trial numbers, the log and the replay under one lock.
         self._lock = threading.Lock()
         self.actuators: dict[str, Actuator] = {}  # worker name -> its own (a target's)
-        self.rounds: Mapping[Any, int] = {}  # state -> round, filled from engine events
+        self.rounds: Mapping[State, int] = {}  # state -> round, filled from engine events
         # Set by envbisect.parallel: a worker's reading of a finished run (Slurm's reason
         # for a kill) and the Slurm allocations to cancel at the end.
-        self.after_run: Callable[[Measurement, Path, Any], Measurement] | None = None
-        self.allocations: Any = None
+        self.after_run: Callable[[Measurement, Path, Worker], Measurement] | None = None
+        self.allocations: Allocations | None = None
 
-    def __call__(self, state: Any, n: int) -> Any:
+    def __call__(self, state: State, n: int) -> Outcome:
         return self.measure(state, n)
 
     def measure(
         self,
-        state: Any,
+        state: State,
         n: int,
-        worker: Any = None,
+        worker: Worker | None = None,
         cancel: threading.Event | None = None,
         *,
         calibration: bool = False,
-    ) -> Any:
+    ) -> Outcome:
         """``n`` samples of ``state`` (on ``worker``, when several run); logged and replayed
         as trials, except ``calibration`` runs (the caller logs those). Nothing is logged
         when ``cancel`` is set by the end: the round was abandoned (Ctrl-C)."""
-        from envbisect.bisect.search import Outcome
-
-        applied = frozenset(state.applied)
-        positions = dict(getattr(state, "positions", ()) or ())
-        key = state_key(applied, positions.items())
-        name = getattr(worker, "name", None)
-        index = 0
-        with self._lock:
-            logged = None if calibration else self.replay.pop(key, None)
-            if logged is not None:
-                self.records.append(logged)
-            elif not calibration:
-                known = self.index_of.get(key)
-                if known is None:
-                    # Trials of one round are numbered before any of them is logged.
-                    taken = max(self.index_of.values(), default=0)
-                    known = max(self.session.next_trial_index(), taken + 1)
-                    self.index_of[key] = known
-                index = known
+        key = state_key(frozenset(state.applied), state.positions)
+        logged, index = (None, 0) if calibration else self._claim(key)
         if logged is not None:
             self.progress(f"  replayed from the session log: {logged.log_dir}")
             return Outcome(
@@ -513,174 +650,173 @@ class _TrialRunner:
                 untestable=logged.untestable,
                 worker=logged.worker,
             )
-        if calibration:
-            trial_dir = self.session.root / "calibration" / str(name)
-            trial_dir.mkdir(parents=True, exist_ok=True)
-        else:
-            trial_dir = self.session.trial_dir(index)
-        actuator = self.actuators.get(str(name), self.actuator)
+        work = self._work(
+            state, n, worker, cancel, self._trial_dir(index, _worker_name(worker), calibration)
+        )
+        started = time.monotonic()
+        with work.actuator.realize(work.applied, work.positions, work.trial_dir) as realized:
+            realized = self._gather(work, realized)
+            if calibration:
+                return work.outcome()
+            call = TrialCall(
+                realized,
+                work.transport,
+                work.check,
+                tuple(work.runs),
+                time.monotonic() - started,
+                work.failure,
+            )
+            _write_trial_log(work.trial_dir, index, sorted(work.applied), work.positions, call)
+        return self._log(work, key, index)
+
+    def _claim(self, key: str) -> tuple[TrialRecord | None, int]:
+        """The logged trial of this state to replay, or the trial number to measure it as."""
+        with self._lock:
+            logged = self.replay.pop(key, None)
+            if logged is not None:
+                self.records.append(logged)
+                return logged, 0
+            known = self.index_of.get(key)
+            if known is None:
+                # Trials of one round are numbered before any of them is logged.
+                taken = max(self.index_of.values(), default=0)
+                known = max(self.session.next_trial_index(), taken + 1)
+                self.index_of[key] = known
+            return None, known
+
+    def _trial_dir(self, index: int, name: str | None, calibration: bool) -> Path:
+        if not calibration:
+            return self.session.trial_dir(index)
+        trial_dir = self.session.root / "calibration" / str(name)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        return trial_dir
+
+    def _work(
+        self,
+        state: State,
+        n: int,
+        worker: Worker | None,
+        cancel: threading.Event | None,
+        trial_dir: Path,
+    ) -> _TrialWork:
         transport = self.o.transport
         if worker is not None and worker.transport is not None:
             transport = worker.transport
-        first_run = 1 + len(list(trial_dir.glob("run-*.stdout")))
-        samples: list[float] = []
-        failure: str | None = None
-        untestable = False
-        notes: tuple[str, ...] = ()
-        runs: list[dict[str, Any]] = []
-        check: StateCheck | None = None
-        started = time.monotonic()
-        with actuator.realize(applied, positions, trial_dir) as realized:
-            if worker is not None and worker.env:
-                realized = dataclasses.replace(realized, env={**realized.env, **worker.env})
-            notes = realized.notes
-            if realized.failure is not None:
-                failure = realized.failure
-            else:
-                check = self._check(realized, applied, positions, trial_dir, actuator, transport)
-                if check.error is not None:
-                    notes = (*notes, check.summary())
-                elif not check.faithful:
-                    failure, untestable = check.summary(), True
-            if failure is None:
-                endpoint = not applied or len(applied) == self.n_units
-                failure = self._sample(
-                    realized,
-                    trial_dir,
-                    n,
-                    samples,
-                    endpoint,
-                    first_run,
-                    runs.append,
-                    worker,
-                    cancel,
-                )
-            if cancel is not None and cancel.is_set():
-                raise KeyboardInterrupt
-            if calibration:
-                return Outcome(samples=tuple(samples), failure=failure, worker=name)
-            _write_trial_log(
-                trial_dir,
-                index=index,
-                applied=sorted(applied),
-                positions=positions,
-                realized=realized,
-                transport=transport,
-                check=check,
-                runs=runs,
-                wall_s=time.monotonic() - started,
-                failure=failure,
-            )
+        return _TrialWork(
+            state=state,
+            n=n,
+            worker=worker,
+            cancel=cancel,
+            trial_dir=trial_dir,
+            actuator=self.actuators.get(str(_worker_name(worker)), self.actuator),
+            transport=transport,
+            first_run=1 + len(list(trial_dir.glob("run-*.stdout"))),
+        )
+
+    def _gather(self, work: _TrialWork, realized: Realized) -> Realized:
+        """Check the realized state, then sample it; raises KeyboardInterrupt when the round
+        was abandoned meanwhile."""
+        if work.worker is not None and work.worker.env:
+            realized = dataclasses.replace(realized, env={**realized.env, **work.worker.env})
+        work.notes = realized.notes
+        if realized.failure is not None:
+            work.failure = Failure.of(realized.failure)
+        else:
+            check = work.check = self._check(realized, work)
+            if check.error is not None:
+                work.notes = (*work.notes, check.summary())
+            elif not check.faithful:
+                work.failure, work.untestable = Failure(check.summary()), True
+        if work.failure is None:
+            endpoint = not work.applied or len(work.applied) == self.n_units
+            work.failure = self._sample(work, realized, endpoint)
+        if work.cancelled():
+            raise KeyboardInterrupt
+        return realized
+
+    def _log(self, work: _TrialWork, key: str, index: int) -> Outcome:
+        """Append the trial to the session log; one progress line."""
         rec = TrialRecord(
             index=index,
             key=key,
-            applied=tuple(sorted(applied)),
-            positions=tuple(sorted(positions.items())),
-            samples=tuple(samples),
-            failure=failure,
-            log_dir=str(trial_dir),
-            notes=notes,
-            untestable=untestable,
-            worker=name,
-            round=self.rounds.get(state),
+            applied=tuple(sorted(work.applied)),
+            positions=tuple(sorted(work.positions.items())),
+            samples=tuple(work.samples),
+            failure=work.failure,
+            log_dir=str(work.trial_dir),
+            notes=work.notes,
+            untestable=work.untestable,
+            worker=work.name,
+            round=self.rounds.get(work.state),
         )
         with self._lock:
             self.session.append(rec.as_event())
             self.records.append(rec)
-        shown = ", ".join(format_ktok(s) for s in samples) or "-"
-        tail = f"; {failure}" if failure else ""
-        on = f" on {name}" if name else ""
-        self.progress(f"  {shown} Ktok/s{tail}{on}  [log {trial_dir}]")
-        return Outcome(samples=tuple(samples), failure=failure, untestable=untestable, worker=name)
+        shown = ", ".join(format_ktok(s) for s in work.samples) or "-"
+        tail = f"; {work.failure}" if work.failure else ""
+        on = f" on {work.name}" if work.name else ""
+        self.progress(f"  {shown} Ktok/s{tail}{on}  [log {work.trial_dir}]")
+        return work.outcome()
 
-    def _check(
-        self,
-        realized: Realized,
-        applied: frozenset[str],
-        positions: Mapping[str, int],
-        log: Path,
-        actuator: Actuator | None = None,
-        transport: Transport | None = None,
-    ) -> StateCheck:
+    def _check(self, realized: Realized, work: _TrialWork) -> StateCheck:
         """Snapshot the realized state and compare it with good + the applied units."""
-        actuator = actuator or self.actuator
-        transport = transport or self.o.transport
-        values = actuator.state_values(applied, positions)
+        actuator = work.actuator
+        values = actuator.state_values(work.applied, work.positions)
         where = {k: realized.map_argv([k])[0] for (_s, k) in values}
         expected = expected_facts(actuator.good, actuator.bad, values, where)
-        remote = bool(transport.layers)
-        via = _far_transport(transport, realized.env) if remote else transport
+        remote = bool(work.transport.layers)
+        via = _far_transport(work.transport, realized.env) if remote else work.transport
         return check_state(
             transport=via,
             python=realized.python,
             env=None if remote else realized.env,
             expected=expected,
-            log_dir=log,
+            log_dir=work.trial_dir,
         )
 
-    def _sample(
-        self,
-        realized: Realized,
-        trial_dir: Path,
-        n: int,
-        samples: list[float],
-        endpoint: bool,
-        first_run: int,
-        record: Callable[[dict[str, Any]], None],
-        worker: Any = None,
-        cancel: threading.Event | None = None,
-    ) -> str | None:
-        """Fill ``samples`` up to ``n``: one process gives as many timed windows as asked (a
-        command that reports one figure gives one); returns the failure, if any. Runs are
-        named on from ``first_run`` (more samples of a trial continue its numbering).
+    def _sample(self, work: _TrialWork, realized: Realized, endpoint: bool) -> Failure | None:
+        """Fill ``work.samples`` up to ``work.n``: one process gives as many timed windows as
+        asked (a command that reports one figure gives one); returns the failure, if any.
 
         Windows of one process vary less than processes do (on the H200 0.2% against a few
         percent), and the noise model is pooled from these samples: the endpoints, which
         set the noise and the default threshold, take theirs from two processes, so the
         between-process spread is in the estimate. Every other state costs one process."""
+        n, samples = work.n, work.samples
         per_run = -(-n // 2) if endpoint and n > 1 else n
-        k = first_run - 1
+        k = work.first_run - 1
         while len(samples) < n:
-            if cancel is not None and cancel.is_set():
+            if work.cancelled():
                 raise KeyboardInterrupt
             k += 1
-            m = self._run(
-                realized, trial_dir, f"run-{k}", min(per_run, n - len(samples)), record, worker
-            )
+            m = self._run(work, realized, f"run-{k}", min(per_run, n - len(samples)))
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
         return None
 
-    def _run(
-        self,
-        realized: Realized,
-        trial_dir: Path,
-        name: str,
-        samples: int,
-        record: Callable[[dict[str, Any]], None],
-        worker: Any = None,
-    ) -> Measurement:
-        transport = self.o.transport
-        if worker is not None and worker.transport is not None:
-            transport = worker.transport
-        m = run_once(
-            self.o.smoke,
-            transport=transport,
+    def _run(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
+        spec = RunSpec(
+            transport=work.transport,
             python=realized.python,
             env=realized.env,
             cwd=realized.cwd,
             timeout_s=self.o.timeout_s,
-            log_dir=trial_dir,
+            log_dir=work.trial_dir,
             name=name,
             argv_map=realized.map_argv,
             samples=samples,
-            record=record,
-            pin=worker.pin_argv() if worker is not None else (),
+            pin=work.worker.pin_argv() if work.worker is not None else (),
         )
-        if self.after_run is not None and worker is not None:
-            m = self.after_run(m, trial_dir / f"{name}.stderr", worker)
+        m = run_once(self.o.smoke, spec, record=work.runs.append)
+        if self.after_run is not None and work.worker is not None:
+            m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
+
+
+def _worker_name(worker: Worker | None) -> str | None:
+    """A worker's name; None for the target itself (no workers)."""
+    return worker.name if worker is not None else None
 
 
 TRIAL_LOG = "trial.json"
@@ -696,22 +832,40 @@ def env_diff(env: Mapping[str, str], base: Mapping[str, str] | None = None) -> d
     }
 
 
+@dataclass(frozen=True)
+class TrialCall:
+    """One call of a trial's test function (more samples of a state add a call): how it
+    ran, for ``trial.json``."""
+
+    realized: Realized
+    transport: Transport
+    check: StateCheck | None
+    runs: tuple[RunLog, ...]
+    wall_s: float
+    failure: Failure | None
+
+    def as_dict(self) -> dict[str, Any]:
+        realized, python = self.realized, self.realized.python
+        return {
+            "interpreter": python,
+            "interpreter_resolved": os.path.realpath(python) if not self.transport.layers else None,
+            "venv": str(realized.venv) if realized.venv else None,
+            "cwd": str(realized.cwd) if realized.cwd else None,
+            "via": [layer.describe() for layer in self.transport.layers],
+            "env_diff": env_diff(realized.env),
+            "state_check": self.check.as_dict() if self.check is not None else None,
+            "build_failure": realized.failure,
+            "runs": [run.as_dict() for run in self.runs],
+            "wall_s": round(self.wall_s, 3),
+            "failure": self.failure,
+        }
+
+
 def _write_trial_log(
-    trial_dir: Path,
-    *,
-    index: int,
-    applied: list[str],
-    positions: Mapping[str, int],
-    realized: Realized,
-    transport: Transport,
-    check: StateCheck | None,
-    runs: list[dict[str, Any]],
-    wall_s: float,
-    failure: str | None,
+    trial_dir: Path, index: int, applied: list[str], positions: Mapping[str, int], call: TrialCall
 ) -> None:
-    """``trials/NNN/trial.json``: how the trial ran, one entry per call (more samples of the
-    same state add a call), so an odd number can be traced to its argv, cwd, interpreter and
-    environment."""
+    """``trials/NNN/trial.json``: how the trial ran, one entry per call, so an odd number
+    can be traced to its argv, cwd, interpreter and environment."""
     import json
 
     path = trial_dir / TRIAL_LOG
@@ -719,22 +873,7 @@ def _write_trial_log(
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         doc = {"trial": index, "applied": applied, "positions": dict(positions), "calls": []}
-    python = realized.python
-    doc["calls"].append(
-        {
-            "interpreter": python,
-            "interpreter_resolved": os.path.realpath(python) if not transport.layers else None,
-            "venv": str(realized.venv) if realized.venv else None,
-            "cwd": str(realized.cwd) if realized.cwd else None,
-            "via": [layer.describe() for layer in transport.layers],
-            "env_diff": env_diff(realized.env),
-            "state_check": check.as_dict() if check is not None else None,
-            "build_failure": realized.failure,
-            "runs": runs,
-            "wall_s": round(wall_s, 3),
-            "failure": failure,
-        }
-    )
+    doc["calls"].append(call.as_dict())
     # Secret-shaped text anywhere (an argv --token, a failure line) is masked too.
     mf.atomic_write_text(path, json.dumps(redact_tree(doc), indent=2, default=str) + "\n")
 
@@ -765,120 +904,37 @@ def load_states(
 
 def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     """The whole of ``envbisect run``: endpoints, search, culprit; the machine left as it was."""
-    from envbisect.bisect.search import search
     from envbisect.diff import diff_manifests
 
-    root = options.session_dir
-    header = {
-        "good": str(options.good),
-        "bad": str(options.bad) if options.bad else None,
-        "threshold": options.threshold,
-        "threshold_fraction": options.threshold_fraction,
-        "threshold_source": options.threshold_source,
-        "smoke": list(options.smoke.argv),
-        "repeats": options.repeats,
-        "on_crash": options.on_crash,
-    }
-    # Manifests given by path are checked before a session exists: a typo must not leave
-    # an unfinished session behind.
-    mf.load(options.good)
-    if options.bad is not None:
-        mf.load(options.bad)
-    session = (
-        Session.resume(root) if options.resume else Session.start(root, header, fresh=options.fresh)
-    )
+    session = _open_session(options)
     try:
         good, bad, bad_path = load_states(options, session.root, progress)
     except BaseException as exc:
         session.append({"type": "end", "outcome": "error", "message": str(exc)})
         session.unlock()
         raise
-    config = options.config
-    diff = diff_manifests(good, bad, data_map=dict(getattr(config, "data_map", {}) or {}))
-    actuator = Actuator(
-        good=good,
-        bad=bad,
-        units=diff.units,
-        session=session,
-        python=options.python,
-        transport=options.transport,
-        index_url=getattr(config, "index_url", None),
-        extra_index_urls=tuple(getattr(config, "extra_index_urls", ()) or ()),
-        find_links=tuple(getattr(config, "find_links", ()) or ()),
-        data_map=dict(getattr(config, "data_map", {}) or {}),
-        blob_dirs=(config.blobs_dir,) if config is not None else (),
-        cwd=options.cwd,
-        on_note=lambda line: progress(f"note: {line}"),
-    )
-    restore = actuator.restore
-    atexit.register(_quietly, restore)
+    data_map = dict(getattr(options.config, "data_map", {}) or {})
+    diff = diff_manifests(good, bad, data_map=data_map)
+    actuator = _actuator(options, good, bad, diff, session, progress)
+    atexit.register(_quietly, actuator.restore)
+    tester: _TrialRunner | None = None
     try:
-        blocked = actuator.blockers()
-        notes = tuple(actuator.notes())
-        units = [u.id for u in diff.units if u.bisectable and u.id not in blocked]
-        for unit in diff.units:
-            if not unit.bisectable:
-                progress(f"not bisected: {unit.title}: {unit.reason}")
-            elif unit.id in blocked:
-                # The actuator's reason already starts with the section and key.
-                progress(f"not bisected: {blocked[unit.id]}")
-        for note in notes:
-            progress(f"note: {note}")
+        context = _RunContext.start(diff, session, options, bad_path, bad, actuator, progress)
+        units = [u.id for u in diff.units if u.bisectable and u.id not in context.blocked]
         ordered = actuator.ordered()
         tester = _TrialRunner(options, session, actuator, progress)
         tester.n_units = len(units)
-        context = _RunContext(diff, blocked, notes, session, options, bad_path, bad, actuator)
         if not units:
             return _nothing_to_bisect(context, actuator)
-        parallel: dict[str, Any] = {}
-        events = _Progress(progress, session, tester)
-        on_event: Callable[[Any], None] = events
-        if options.workers:
-            from envbisect.parallel import prepare
-
-            pool = prepare(
-                options.workers,
-                tester=tester,
-                actuator=actuator,
-                units=units,
-                diff=diff,
-                options=options,
-                session=session,
-                progress=progress,
-            )
-            parallel = {"workers": len(pool.workers), "test_many": pool}
-
-            def on_event(ev: Any) -> None:
-                pool.progress(ev)
-                events(ev)
-
-        result = search(
-            units,
-            tester,
-            threshold=options.threshold,
-            threshold_fraction=options.threshold_fraction,
-            repeats=options.repeats,
-            max_samples=options.max_samples,
-            max_trials=options.max_trials,
-            ordered={u: ordered[u] for u in units if u in ordered},
-            on_failure=options.on_crash,
-            progress=on_event,
-            **parallel,
-        )
-        if result.interrupted:
-            raise KeyboardInterrupt
+        result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
-        _quietly(actuator.close)
-        _close_workers(locals().get("tester"))
-        session.append({"type": "end", "outcome": "error", "message": str(exc)})
-        session.unlock()
+        _abandon(
+            session, actuator, tester, {"type": "end", "outcome": "error", "message": str(exc)}
+        )
         raise
     except KeyboardInterrupt:
-        _quietly(actuator.close)
-        _close_workers(locals().get("tester"))
-        session.append({"type": "interrupted"})
-        session.unlock()
+        _abandon(session, actuator, tester, {"type": "interrupted"})
         raise Interrupted(
             f"interrupted; files restored, session saved in {session.root} "
             "(continue with 'envbisect run --resume', clean up with 'envbisect reset')"
@@ -905,6 +961,104 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     return out
 
 
+def _open_session(options: RunOptions) -> Session:
+    """The session, resumed or started. Manifests given by path are checked before a session
+    exists: a typo must not leave an unfinished session behind."""
+    mf.load(options.good)
+    if options.bad is not None:
+        mf.load(options.bad)
+    if options.resume:
+        return Session.resume(options.session_dir)
+    header = {
+        "good": str(options.good),
+        "bad": str(options.bad) if options.bad else None,
+        "threshold": options.goal.value,
+        "threshold_fraction": options.goal.fraction,
+        "threshold_source": options.goal.source,
+        "smoke": list(options.smoke.argv),
+        "repeats": options.repeats,
+        "on_crash": options.on_crash,
+    }
+    return Session.start(options.session_dir, header, fresh=options.fresh)
+
+
+def _actuator(
+    options: RunOptions,
+    good: mf.Manifest,
+    bad: mf.Manifest,
+    diff: DiffResult,
+    session: Session,
+    progress: Progress,
+) -> Actuator:
+    """The actuator that realizes this run's states, as envbisect.yaml configures it."""
+    config = options.config
+    return Actuator(
+        good=good,
+        bad=bad,
+        units=diff.units,
+        session=session,
+        python=options.python,
+        transport=options.transport,
+        index_url=getattr(config, "index_url", None),
+        extra_index_urls=tuple(getattr(config, "extra_index_urls", ()) or ()),
+        find_links=tuple(getattr(config, "find_links", ()) or ()),
+        data_map=dict(getattr(config, "data_map", {}) or {}),
+        blob_dirs=(config.blobs_dir,) if config is not None else (),
+        cwd=options.cwd,
+        on_note=lambda line: progress(f"note: {line}"),
+    )
+
+
+def _search(
+    context: _RunContext,
+    tester: _TrialRunner,
+    units: list[str],
+    ordered: Mapping[str, Sequence[str]],
+) -> SearchResult:
+    """The engine over ``units``, one trial at a time or on the run's workers."""
+    options, session, progress = context.options, context.session, tester.progress
+    events = _Progress(progress, session, tester)
+    on_event: Callable[[Event], None] = events
+    pool: WorkerPool | None = None
+    if options.workers:
+        from envbisect.parallel import prepare
+
+        pool = prepare(
+            options.workers,
+            tester=tester,
+            actuator=tester.actuator,
+            units=units,
+            diff=context.diff,
+            options=options,
+            session=session,
+            progress=progress,
+        )
+        on_event = _both(pool.progress, events)
+    settings = options.search_settings(ordered, len(pool.workers) if pool is not None else 1)
+    result = search(units, tester, settings, progress=on_event, test_many=pool)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
+def _both(first: Callable[[Event], None], then: Callable[[Event], None]) -> Callable[[Event], None]:
+    def both(event: Event) -> None:
+        first(event)
+        then(event)
+
+    return both
+
+
+def _abandon(
+    session: Session, actuator: Actuator, tester: _TrialRunner | None, event: dict[str, Any]
+) -> None:
+    """A run that ends early (an error, Ctrl-C): nothing left behind, ``event`` logged."""
+    _quietly(actuator.close)
+    _close_workers(tester)
+    session.append(event)
+    session.unlock()
+
+
 def _close_workers(tester: _TrialRunner | None) -> None:
     """Close the actuators of workers with a target of their own (worktrees, files, remote
     session dirs there) and cancel their Slurm jobs."""
@@ -926,48 +1080,57 @@ class _RunContext:
     """What every RunResult of a run carries besides its outcome: the diff, the units that
     could not be realized, notes, the session, and the endpoints, smoke and target."""
 
-    diff: Any  # envbisect.diff.DiffResult
+    diff: DiffResult
     blocked: Mapping[str, str]
     notes: tuple[str, ...]
     session: Session
     options: RunOptions
     bad_path: Path
-    bad: Any = None  # the bad Manifest (the machine the run measured)
-    actuator: Any = None
+    bad: mf.Manifest | None = None  # the machine the run measured
+    actuator: Actuator | None = None
 
-    def result(
-        self,
-        *,
-        outcome: str,
-        threshold: float | None,
-        message: str,
-        culprits: tuple[Culprit, ...] = (),
-        trials: tuple[TrialRow, ...] = (),
-        notes: tuple[str, ...] | None = None,
-        good_median: float | None = None,
-        bad_median: float | None = None,
-        noise: float | None = None,
-    ) -> RunResult:
-        """This run's RunResult; ``notes``, when given, replaces the context's notes."""
+    @classmethod
+    def start(
+        cls,
+        diff: DiffResult,
+        session: Session,
+        options: RunOptions,
+        bad_path: Path,
+        bad: mf.Manifest,
+        actuator: Actuator,
+        progress: Progress,
+    ) -> _RunContext:
+        """The run's context; says what will not be bisected, and why, and the notes."""
+        blocked = actuator.blockers()
+        notes = tuple(actuator.notes())
+        for unit in diff.units:
+            if not unit.bisectable:
+                progress(f"not bisected: {unit.title}: {unit.reason}")
+            elif unit.id in blocked:
+                # The actuator's reason already starts with the section and key.
+                progress(f"not bisected: {blocked[unit.id]}")
+        for note in notes:
+            progress(f"note: {note}")
+        return cls(diff, blocked, notes, session, options, bad_path, bad, actuator)
+
+    def result(self, *, outcome: str, threshold: float | None, message: str) -> RunResult:
+        """This run's RunResult, with no culprits or trials (``replace`` adds them)."""
         return RunResult(
             outcome=outcome,
             threshold=threshold,
-            culprits=culprits,
-            trials=trials,
+            culprits=(),
+            trials=(),
             diff=self.diff,
             blocked=dict(self.blocked),
-            notes=self.notes if notes is None else notes,
+            notes=self.notes,
             session=self.session.root,
             message=message,
             good_path=self.options.good,
             bad_path=self.bad_path,
             smoke=self.options.smoke,
-            good_median=good_median,
-            bad_median=bad_median,
             target_args=_target_args(self.options),
-            threshold_source=self.options.threshold_source,
-            threshold_fraction=self.options.threshold_fraction,
-            noise=noise,
+            threshold_source=self.options.goal.source,
+            threshold_fraction=self.options.goal.fraction,
             machine=machine_facts(self.bad, self.options),
         )
 
@@ -990,13 +1153,13 @@ def _nothing_to_bisect(context: _RunContext, actuator: Actuator) -> RunResult:
     session.unlock()
     return context.result(
         outcome=outcome,
-        threshold=context.options.threshold,
+        threshold=context.options.goal.value,
         message=f"nothing to bisect: {why}",
     )
 
 
 def _unfaithful_good(
-    outcome: str, message: str, result: Any, blocked: Mapping[str, str]
+    outcome: str, message: str, result: SearchResult, blocked: Mapping[str, str]
 ) -> tuple[str, str]:
     """A good endpoint that is not clearly fast while changes that could not be realized
     stayed in their bad form is no evidence that "the cause is outside the recorded
@@ -1018,7 +1181,7 @@ def _unfaithful_good(
     )
 
 
-def _details(unit: Any, commit: str | None, context: _RunContext) -> tuple[str, ...]:
+def _details(unit: Unit, commit: str | None, context: _RunContext) -> tuple[str, ...]:
     """What the culprit changed, shown (content diff, commits, versions); never fails."""
     from envbisect.explain import details
 
@@ -1038,7 +1201,7 @@ def _details(unit: Any, commit: str | None, context: _RunContext) -> tuple[str, 
         return (f"(cannot show the change: {exc})",)
 
 
-def machine_facts(bad: Any, options: RunOptions) -> dict[str, Any]:
+def machine_facts(bad: mf.Manifest | None, options: RunOptions) -> dict[str, Any]:
     """The report's header: the machine the trials ran on (from the bad state's manifest)
     and this machine's load average when the run ended (local targets only)."""
     if bad is None:
@@ -1063,12 +1226,10 @@ def machine_facts(bad: Any, options: RunOptions) -> dict[str, Any]:
     }
 
 
-def _threshold_hint(result: Any, options: RunOptions) -> str:
+def _threshold_hint(result: SearchResult, options: RunOptions) -> str:
     """When a given threshold does not separate endpoints that differ by more than the
     noise, the threshold that would: midway (geometric) between their medians."""
-    from envbisect.bisect.verdict import Noise, median
-
-    if options.threshold is None and options.threshold_fraction is None:
+    if options.goal.value is None and options.goal.fraction is None:
         return ""
     ends = result.trials[:2]
     if len(ends) < 2 or any(t.failure or not t.samples for t in ends):
@@ -1095,8 +1256,6 @@ def outlier(
     """Why a state's speed is itself a finding, or None: faster than the good endpoint or
     slower than the bad one by more than the noise (z = 3 on the medians' difference, at
     least 5%). Nothing in between the endpoints explains such a state: look at its log."""
-    from envbisect.bisect.verdict import Noise, median
-
     if not samples or not good:
         return None
     noise = Noise(sigma=sigma, dof=1)
@@ -1116,6 +1275,11 @@ def outlier(
     return None
 
 
+def _trial_number(trial: Trial, numbers: Mapping[str, int]) -> int:
+    """The session's number of the engine's trial (its own index when not logged)."""
+    return numbers.get(state_key(trial.state.applied, trial.state.positions), trial.index)
+
+
 class _Progress:
     """The engine's progress events as lines, numbered as the session numbers trials; every
     verdict is logged (``envbisect log`` prints what ``run`` printed) and outliers flagged."""
@@ -1128,131 +1292,123 @@ class _Progress:
         self.all: frozenset[str] | None = None
         self.groups: dict[int, tuple[float, ...]] = {}
 
-    def number(self, trial: Any) -> int:
-        key = state_key(trial.state.applied, trial.state.positions)
-        return self.tester.index_of.get(key, trial.index)
+    def number(self, trial: Trial) -> int:
+        return _trial_number(trial, self.tester.index_of)
 
-    def __call__(self, event: Any) -> None:
-        from envbisect.bisect.search import EventKind
-        from envbisect.bisect.verdict import Noise
-
+    def __call__(self, event: Event) -> None:
         message = event.message
         trial = event.trial
-        flag = None
         if trial is not None:
             number = self.number(trial)
             prefix = f"trial {trial.index}"
             if message.startswith(prefix):
                 message = f"trial {number}" + message[len(prefix) :]
             if event.kind is EventKind.TRIAL_FINISHED:
-                if trial.index == 2 and not trial.state.positions:
-                    self.all = trial.state.applied
-                if not trial.failure:
-                    self.groups[number] = tuple(trial.samples)
-                if not trial.state.positions:
-                    self.samples[trial.state.applied] = tuple(trial.samples)
-                endpoint = not trial.state.applied or trial.state.applied == self.all
-                if not endpoint and not trial.failure:
-                    sigma = Noise.from_groups(self.groups.values()).sigma
-                    bad = self.samples.get(self.all) if self.all is not None else None
-                    flag = outlier(
-                        trial.samples, self.samples.get(frozenset(), ()), bad or (), sigma
-                    )
+                flag = self._finished(trial, number)
                 if flag:
                     message += f" — outlier: {flag}; see its trial.json"
-                self.session.append(
-                    {
-                        "type": "verdict",
-                        "index": number,
-                        "verdict": trial.verdict.value,
-                        "median": trial.median,
-                        "outlier": flag,
-                    }
-                )
         left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
         self.out(f"{message}{left}")
 
+    def _finished(self, trial: Trial, number: int) -> str | None:
+        """Log the trial's verdict; its outlier flag, if any."""
+        if trial.index == 2 and not trial.state.positions:
+            self.all = trial.state.applied
+        if not trial.failure:
+            self.groups[number] = tuple(trial.samples)
+        if not trial.state.positions:
+            self.samples[trial.state.applied] = tuple(trial.samples)
+        endpoint = not trial.state.applied or trial.state.applied == self.all
+        flag = None
+        if not endpoint and not trial.failure:
+            sigma = Noise.from_groups(self.groups.values()).sigma
+            bad = self.samples.get(self.all) if self.all is not None else None
+            flag = outlier(trial.samples, self.samples.get(frozenset(), ()), bad or (), sigma)
+        self.session.append(
+            {
+                "type": "verdict",
+                "index": number,
+                "verdict": trial.verdict.value,
+                "median": trial.median,
+                "outlier": flag,
+            }
+        )
+        return flag
 
-def _result(result: Any, context: _RunContext, numbers: Mapping[str, int]) -> RunResult:
-    def number(t: Any) -> int:
-        return numbers.get(state_key(t.state.applied, t.state.positions), t.index)
 
+def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, int]) -> RunResult:
+    """The run's result from the engine's: the outcome as users read it, the culprits with
+    their evidence and details, the trial table numbered as the session numbers trials."""
     outcome, message = _unfaithful_good(
-        result.outcome.value, str(getattr(result, "message", "") or ""), result, context.blocked
+        result.outcome.value, result.message or "", result, context.blocked
     )
     if outcome == "not-reproduced":
         message += _threshold_hint(result, context.options)
-    notes = context.notes
+    culprits, notes = _culprits(result, context, numbers)
+    rows = _rows(result, numbers)
+    full = {u for t in result.trials for u in t.state.applied}
+    bad_med = next(
+        (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
+        None,
+    )
+    return replace(
+        context.result(outcome=outcome, threshold=result.threshold, message=message),
+        culprits=culprits,
+        trials=rows,
+        notes=(*context.notes, *notes),
+        good_median=next((r.median for r in rows if not r.applied), None),
+        bad_median=bad_med,
+        noise=result.noise,
+    )
+
+
+def _culprits(
+    result: SearchResult, context: _RunContext, numbers: Mapping[str, int]
+) -> tuple[tuple[Culprit, ...], tuple[str, ...]]:
+    """One Culprit per unit the engine isolated (a repo's at its first bad commit), and a
+    note for each repo whose first bad commit is one of several."""
     units = {u.id: u for u in context.diff.units}
     culprits: list[Culprit] = []
-    for c in result.culprits:
-        narrowed = {n.unit: n for n in c.narrowed}
-        for unit_id in c.units:
+    notes: list[str] = []
+    for found in result.culprits:
+        narrowed = {n.unit: n for n in found.narrowed}
+        for unit_id in found.units:
             commit = None
             n = narrowed.get(unit_id)
             if n is not None and n.first_bad is not None:
                 commit = n.items[0]  # items holds the commits at the candidate positions
             elif n is not None:
                 shown = ", ".join(i[:12] for i in n.items)
-                notes = (*notes, f"{unit_id}: the first bad commit is one of {shown}")
-            evidence = n.evidence if n is not None and n.evidence is not None else c.alone
+                notes.append(f"{unit_id}: the first bad commit is one of {shown}")
+            evidence = n.evidence if n is not None and n.evidence is not None else found.alone
             culprits.append(
                 Culprit(
                     units[unit_id],
                     commit,
                     good_median=evidence.good.median,
                     bad_median=evidence.bad.median,
-                    together_with=tuple(u for u in c.units if u != unit_id),
+                    together_with=tuple(u for u in found.units if u != unit_id),
                     details=_details(units[unit_id], commit, context),
-                    good_trial=number(evidence.good),
-                    bad_trial=number(evidence.bad),
+                    good_trial=_trial_number(evidence.good, numbers),
+                    bad_trial=_trial_number(evidence.bad, numbers),
                 )
             )
+    return tuple(culprits), tuple(notes)
+
+
+def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, ...]:
+    """The trial table; a state faster than good or slower than bad is flagged."""
     good_t = next((t for t in result.trials if not t.state.applied), None)
     full_t = result.trials[1] if len(result.trials) > 1 else None
     sigma = result.noise or 0.03
 
-    def flag(t: Any) -> str | None:
+    def flag(t: Trial) -> str | None:
         if t.failure or t is good_t or t is full_t or good_t is None:
             return None
         bad_samples = full_t.samples if full_t is not None and not full_t.failure else ()
         return outlier(t.samples, good_t.samples, bad_samples, sigma)
 
-    rows = tuple(
-        TrialRow(
-            index=numbers.get(state_key(t.state.applied, t.state.positions), t.index),
-            applied=tuple(
-                f"{u}@{dict(t.state.positions)[u]}" if u in dict(t.state.positions) else u
-                for u in sorted(t.state.applied)
-            ),
-            samples=tuple(t.samples),
-            median=t.median,
-            verdict=t.verdict.value,
-            failure=t.failure,
-            outlier=flag(t),
-            purpose=t.purpose,
-            round=t.round,
-            worker=t.worker,
-        )
-        for t in result.trials
-    )
-    good_med = next((r.median for r in rows if not r.applied), None)
-    full = {u for t in result.trials for u in t.state.applied}
-    bad_med = next(
-        (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
-        None,
-    )
-    return context.result(
-        outcome=outcome,
-        threshold=result.threshold,
-        message=message,
-        culprits=tuple(culprits),
-        trials=rows,
-        notes=notes,
-        good_median=good_med,
-        bad_median=bad_med,
-        noise=result.noise,
-    )
+    return tuple(TrialRow.of(t, _trial_number(t, numbers), flag(t)) for t in result.trials)
 
 
 def _target_args(options: RunOptions) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 
 A *state* is a set of units applied on top of the good state (``State``). The caller supplies
 a test function ``test(state, n) -> Outcome`` that measures ``n`` more throughput samples of
-that state (or reports why it could not: ``"build: ..."``, ``"crash: ..."``, ``"timeout"``),
+that state (or reports why it could not: a ``failure.Failure``, ``"build: ..."``, ``"crash: ..."``,
+``"timeout"``),
 and the engine decides which states to measure:
 
 1. **Endpoints.** ∅ and the full set, each with at least 3 samples (this also estimates the
@@ -42,10 +43,11 @@ the same trial while its median is inside the noise band, up to ``max_samples``)
 Public API:
 
 - ``State(applied, positions)``, ``Outcome(samples, failure)``, ``TestFn``.
-- ``search(units, test, *, threshold, repeats, max_samples, max_trials, find_all, ordered,
-  on_failure, progress, replay) -> SearchResult``.
+- ``search(units, test, settings, *, progress, replay, test_many, **settings_fields)
+  -> SearchResult``; ``SearchSettings``: threshold, repeats, max_samples, max_trials,
+  find_all, ordered, on_failure, threshold_fraction, workers.
 - ``SearchResult``: ``outcome`` (``SearchOutcome``: found / ambiguous / not-reproduced /
-  aborted), ``culprits`` (``Culprit``: units, evidence, narrowed commits), ``candidates``,
+  aborted), ``culprits`` (``Isolation``: units, evidence, narrowed commits), ``candidates``,
   ``restored`` (everything but the culprits, measured good), ``threshold``, ``noise``,
   ``trials`` (``Trial``: index, state, samples, median, verdict, failure, purpose),
   ``message``, ``interrupted``; ``as_dict()`` for JSON/YAML renderers.
@@ -63,11 +65,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
 from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
+from envbisect.failure import Failure
 from envbisect.metric import format_ktok
 
 __all__ = [
@@ -76,10 +79,12 @@ __all__ = [
     "Event",
     "EventKind",
     "Evidence",
+    "Isolation",
     "Narrowed",
     "Outcome",
     "SearchOutcome",
     "SearchResult",
+    "SearchSettings",
     "State",
     "TestFn",
     "Trial",
@@ -134,7 +139,7 @@ class Outcome:
     """
 
     samples: tuple[float, ...] = ()
-    failure: str | None = None
+    failure: str | None = None  # read as a ``Failure`` (a plain string is given its kind)
     # The state could not be realized as asked (e.g. "state not faithful: ..."): whatever
     # ``on_failure`` says, it is unresolved, never counted as good or bad.
     untestable: bool = False
@@ -167,7 +172,7 @@ class Trial:
     samples: tuple[float, ...]
     median: float | None
     verdict: Verdict
-    failure: str | None = None
+    failure: Failure | None = None
     purpose: str = ""
     round: int = 0
     worker: str | None = None
@@ -234,8 +239,9 @@ class Narrowed:
 
 
 @dataclass(frozen=True)
-class Culprit:
-    """Units that, applied alone on top of good, make it slow.
+class Isolation:
+    """What isolation found: units that, applied alone on top of good, make it slow (the
+    engine's result; ``runner.Culprit`` is a unit of it as a run presents it).
 
     One unit normally; several when they are slow only together (an interaction), each of
     them needed. ``alone``: ∅ (good) vs these units alone (bad). ``without``: everything but
@@ -257,6 +263,10 @@ class Culprit:
         }
 
 
+# The engine's old name, still re-exported by ``envbisect.bisect``; use ``Isolation``.
+Culprit = Isolation
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """Everything the search established, in the order it was established."""
@@ -266,7 +276,7 @@ class SearchResult:
     threshold: float | None
     noise: float | None
     trials: tuple[Trial, ...]
-    culprits: tuple[Culprit, ...] = ()
+    culprits: tuple[Isolation, ...] = ()
     candidates: tuple[str, ...] = ()
     restored: Evidence | None = None
     interrupted: bool = False
@@ -313,6 +323,65 @@ class Event:
     trials_left: int | None = None
 
 
+@dataclass(frozen=True)
+class SearchSettings:
+    """How a search measures and judges.
+
+    ``threshold``: tok/s below which a state is slow (default: geometric mean of the
+    endpoint medians); ``threshold_fraction`` (instead): slow means below this fraction of
+    the good endpoint's median. ``repeats``: samples per state to start with (endpoints get
+    at least 3); more are taken, two at a time, up to ``max_samples`` while the median is
+    inside the noise band. ``max_trials``: budget of distinct states (endpoints included);
+    when spent, the outcome is ``ABORTED``. ``find_all``: keep isolating while everything
+    but the found culprits is still slow. ``ordered``: for units whose items (commits,
+    oldest first, the last one being the bad state's) are known, the item list to bisect
+    once guilty. ``on_failure``: a state that cannot be measured counts as ``"bad"`` (a
+    crash is the regression) or is skipped (``"skip"``: unresolved, split around).
+    ``workers``: how many states may be measured at the same time (k).
+    """
+
+    threshold: float | None = None
+    repeats: int = 3
+    max_samples: int = 9
+    max_trials: int | None = None
+    find_all: bool = False
+    ordered: Mapping[str, Sequence[str]] | None = None
+    on_failure: str = "bad"
+    threshold_fraction: float | None = None
+    workers: int = 1
+
+    def validate(self, units: Sequence[str]) -> None:
+        """ValueError for a mistake of the caller (which validates user input first)."""
+        if self.workers < 1:
+            raise ValueError("workers must be at least 1")
+        if not units:
+            raise ValueError("no units to bisect")
+        if len(set(units)) != len(units):
+            raise ValueError("unit ids must be unique")
+        self._validate_numbers()
+        for unit, items in (self.ordered or {}).items():
+            if unit not in units:
+                raise ValueError(f"ordered unit {unit!r} is not among the units")
+            if not items:
+                raise ValueError(f"ordered unit {unit!r} has no items")
+
+    def _validate_numbers(self) -> None:
+        threshold = self.threshold
+        if threshold is not None and not (threshold > 0 and math.isfinite(threshold)):
+            raise ValueError(f"threshold must be a positive number, got {threshold!r}")
+        if self.repeats < 1:
+            raise ValueError("repeats must be at least 1")
+        if self.max_samples < max(3, self.repeats):
+            raise ValueError("max_samples must be at least max(3, repeats)")
+        if self.max_trials is not None and self.max_trials < 2:
+            raise ValueError("max_trials must leave room for the two endpoints")
+        if self.on_failure not in ("bad", "skip"):
+            raise ValueError(f"on_failure must be 'bad' or 'skip', got {self.on_failure!r}")
+        fraction = self.threshold_fraction
+        if fraction is not None and (threshold is not None or not 0 < fraction < 1):
+            raise ValueError("threshold_fraction is a fraction in (0, 1), instead of a threshold")
+
+
 # -- engine ----------------------------------------------------------------------------------
 
 
@@ -326,7 +395,7 @@ class _Record:
     state: State
     purpose: str
     samples: list[float] = field(default_factory=list)
-    failure: str | None = None
+    failure: Failure | None = None
     verdict: Verdict = Verdict.UNRESOLVED
     untestable: bool = False
     round: int = 0
@@ -369,47 +438,39 @@ class _Engine:
         self,
         units: Sequence[str],
         test: TestFn,
+        settings: SearchSettings,
         *,
-        threshold: float | None,
-        repeats: int,
-        max_samples: int,
-        max_trials: int | None,
-        find_all: bool,
-        threshold_fraction: float | None = None,
-        ordered: Mapping[str, Sequence[str]],
-        on_failure: str,
         progress: Callable[[Event], None] | None,
         replay: Mapping[State, Outcome],
-        workers: int = 1,
         test_many: BatchTestFn | None = None,
     ) -> None:
         self.units = tuple(units)
         self.rank = {u: i for i, u in enumerate(self.units)}
         self.all = frozenset(self.units)
         self.test = test
-        self.caller_threshold = threshold
-        self.fraction = threshold_fraction
-        self.repeats = repeats
-        self.max_samples = max_samples
-        self.max_trials = max_trials
-        self.find_all = find_all
-        self.ordered = {u: tuple(items) for u, items in ordered.items()}
-        self.on_failure = on_failure
+        self.caller_threshold = settings.threshold
+        self.fraction = settings.threshold_fraction
+        self.repeats = settings.repeats
+        self.max_samples = settings.max_samples
+        self.max_trials = settings.max_trials
+        self.find_all = settings.find_all
+        self.ordered = {u: tuple(items) for u, items in (settings.ordered or {}).items()}
+        self.on_failure = settings.on_failure
         self.progress = progress
         self.replay = dict(replay)
-        self.workers = workers
+        self.workers = settings.workers
         self.test_many = test_many
         self.round = 0
         self._speculated: list[_Record] = []  # measured ahead, judged once the endpoints are
         self.records: dict[State, _Record] = {}
         self.order: list[_Record] = []
-        self.threshold: float | None = threshold
+        self.threshold: float | None = settings.threshold
         self.left: int | None = None
         self.too_noisy = 0
         self.core: frozenset[str] = frozenset()
         # What is known so far, for an aborted search.
         self.candidates: frozenset[str] = self.all
-        self.culprits: list[Culprit] = []
+        self.culprits: list[Isolation] = []
         self.unfaithful = False  # an endpoint could not be realized as recorded
 
     # -- measuring -------------------------------------------------------------------------
@@ -463,9 +524,9 @@ class _Engine:
         if out.untestable:
             rec.untestable = True
         if out.failure:
-            rec.failure = out.failure
+            rec.failure = Failure.of(out.failure)
         elif not good:
-            rec.failure = "no samples"
+            rec.failure = Failure("no samples")
 
     def _noise(self) -> Noise:
         return Noise.from_groups(r.samples for r in self.order if not r.failure)
@@ -613,19 +674,23 @@ class _Engine:
         while self.workers > 1 and len(fresh) > 1:
             recs = self._start_round(fresh, self.repeats)
             fresh = fresh[len(recs) :]
-            while True:
-                judge = self._judge()
-                more = [
-                    r
-                    for r in recs
-                    if not r.failure and judge.needs_more(r.samples, self.max_samples)
-                ]
-                if not more:
-                    break
-                self._more_many(more)
-            for rec in recs:
-                self._finish(rec)
+            self._settle(recs)
         return [self.measure(state, purpose) for state, purpose in requests]
+
+    def _settle(self, recs: Sequence[_Record], *, sample: bool = True) -> None:
+        """Finish a round's trials: while any of them (run, not failed) sits inside the noise
+        band, more samples of those together; then their verdicts. ``sample=False``: the
+        verdicts on the samples they have."""
+        while sample:
+            judge = self._judge()
+            more = [
+                r for r in recs if not r.failure and judge.needs_more(r.samples, self.max_samples)
+            ]
+            if not more:
+                break
+            self._more_many(more)
+        for rec in recs:
+            self._finish(rec)
 
     def trial(self, state: State) -> Trial:
         return self.records[state].freeze()
@@ -634,33 +699,45 @@ class _Engine:
 
     def endpoints(self) -> str | None:
         """Measure ∅ and the full set; return why the regression is not reproduced, or None."""
-        n0 = max(3, self.repeats)
         self._emit(EventKind.PHASE, "measuring the endpoints")
         good, bad = self._start_round(
             [(State.of(()), "endpoint: good"), (State.of(self.all), "endpoint: bad")],
-            n0,
+            max(3, self.repeats),
             speculative=self._first_split(),
         )
-        unfaithful = [(name, r) for name, r in (("good", good), ("bad", bad)) if r.untestable]
-        if unfaithful:
-            for r in (good, bad):
-                r.verdict = self._decide(r) if r.failure or r.untestable else Verdict.UNRESOLVED
-                self._finish_endpoint(r)
-            self.unfaithful = True
-            return "; ".join(
-                f"the {name} state could not be realized as recorded ({r.failure})"
-                for name, r in unfaithful
-            )
+        if good.untestable or bad.untestable:
+            return self._unfaithful_endpoints(good, bad)
         if good.failure:
-            good.verdict = Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
-            self._finish_endpoint(good)
-            bad.verdict = self._decide_bad_endpoint(bad)
-            self._finish_endpoint(bad)
-            return (
-                f"the good state fails here too ({good.failure}): if its trial log shows it "
-                "ran as recorded, the cause is outside the recorded software (see the "
-                "non-bisectable changes); a failure of the realized state itself is not"
-            )
+            return self._failed_good(good, bad)
+        good.verdict, bad.verdict = self._settle_endpoints(good, bad)
+        self._finish_endpoint(good)
+        self._finish_endpoint(bad)
+        return self._not_reproduced(good, bad)
+
+    def _unfaithful_endpoints(self, good: _Record, bad: _Record) -> str:
+        for r in (good, bad):
+            r.verdict = self._decide(r) if r.failure or r.untestable else Verdict.UNRESOLVED
+            self._finish_endpoint(r)
+        self.unfaithful = True
+        return "; ".join(
+            f"the {name} state could not be realized as recorded ({r.failure})"
+            for name, r in (("good", good), ("bad", bad))
+            if r.untestable
+        )
+
+    def _failed_good(self, good: _Record, bad: _Record) -> str:
+        good.verdict = Verdict.BAD if self.on_failure == "bad" else Verdict.UNRESOLVED
+        self._finish_endpoint(good)
+        bad.verdict = self._decide_bad_endpoint(bad)
+        self._finish_endpoint(bad)
+        return (
+            f"the good state fails here too ({good.failure}): if its trial log shows it "
+            "ran as recorded, the cause is outside the recorded software (see the "
+            "non-bisectable changes); a failure of the realized state itself is not"
+        )
+
+    def _settle_endpoints(self, good: _Record, bad: _Record) -> tuple[Verdict, Verdict]:
+        """More samples of the endpoints until their verdicts (and a default threshold) hold."""
         while True:
             self._set_threshold(good, bad)
             gv, bv = self._decide(good), self._decide(bad)
@@ -673,11 +750,12 @@ class _Engine:
                 growable = [r for r, v in ((good, gv), (bad, bv)) if v is Verdict.UNRESOLVED]
             growable = [r for r in growable if not r.failure and len(r.samples) < self.max_samples]
             if not growable:
-                break
+                return gv, bv
             self._more_many(growable)
-        good.verdict, bad.verdict = gv, bv
-        self._finish_endpoint(good)
-        self._finish_endpoint(bad)
+
+    def _not_reproduced(self, good: _Record, bad: _Record) -> str | None:
+        """Why the judged endpoints do not show the regression, or None when they do."""
+        gv, bv = good.verdict, bad.verdict
         if bad.failure and bv is Verdict.UNRESOLVED:
             return (
                 f"the full set of changes could not be measured ({bad.failure}); with "
@@ -772,32 +850,39 @@ class _Engine:
             ]
             if self.workers > 1:
                 self._prefetch(passing, failing, parts, purpose)
-            # Lazy dd: act on the first conclusive test. Testing passing ∪ Δi, then
-            # failing \ Δi (the "+/-" of dd) means any conclusive verdict narrows the pair.
-            step = None
-            for part in parts:
-                for state, inside in ((passing | part, True), (failing - part, False)):
-                    v = self.measure(State.of(state), purpose)
-                    if v is Verdict.UNRESOLVED:
-                        if not self.records[State.of(state)].failure:
-                            noisy.add(State.of(state))
-                        continue
-                    if v is Verdict.BAD:
-                        failing = state
-                    else:
-                        passing = state
-                    # passing ∪ Δi bad, or failing \ Δi good: the cause is inside Δi
-                    # (restart at halves); otherwise only Δi is ruled out (Zeller: n - 1).
-                    step = (v is Verdict.BAD) == inside
-                    break
-                if step is not None:
-                    break
+            passing, failing, step = self._lazy_step(passing, failing, parts, purpose, noisy)
             if step is not None:
                 n = 2 if step else max(n - 1, 2)
                 continue
             if n >= len(delta):
                 return passing, failing
             n = min(2 * n, len(delta))
+
+    def _lazy_step(
+        self,
+        passing: frozenset[str],
+        failing: frozenset[str],
+        parts: list[frozenset[str]],
+        purpose: str,
+        noisy: set[State],
+    ) -> tuple[frozenset[str], frozenset[str], bool | None]:
+        """Lazy dd: act on the first conclusive test. Testing passing ∪ Δi, then failing \\ Δi
+        (the "+/-" of dd) means any conclusive verdict narrows the pair. Returns the pair and
+        whether the cause is inside the Δi that moved it (None: every test unresolved)."""
+        for part in parts:
+            for state, inside in ((passing | part, True), (failing - part, False)):
+                v = self.measure(State.of(state), purpose)
+                if v is Verdict.UNRESOLVED:
+                    if not self.records[State.of(state)].failure:
+                        noisy.add(State.of(state))
+                    continue
+                # passing ∪ Δi bad, or failing \ Δi good: the cause is inside Δi (restart
+                # at halves); otherwise only Δi is ruled out (Zeller: n - 1).
+                step = (v is Verdict.BAD) == inside
+                if v is Verdict.BAD:
+                    return passing, state, step
+                return state, failing, step
+        return passing, failing, None
 
     def _chain(
         self, passing: frozenset[str], failing: frozenset[str], delta: list[str]
@@ -820,19 +905,7 @@ class _Engine:
         """Judge the states measured with the endpoints (more samples only when the search
         goes on)."""
         recs, self._speculated = self._speculated, []
-        if reproduced:
-            while True:
-                judge = self._judge()
-                more = [
-                    r
-                    for r in recs
-                    if not r.failure and judge.needs_more(r.samples, self.max_samples)
-                ]
-                if not more:
-                    break
-                self._more_many(more)
-        for rec in recs:
-            self._finish(rec)
+        self._settle(recs, sample=reproduced)
 
     def _split_round(
         self,
@@ -891,8 +964,35 @@ class _Engine:
         """A minimal set of units that is bad alone, inside the bad set ``bad``."""
         core = self.core = frozenset()
         pool = bad
-        # Start from the largest state inside `bad` already measured good (after a first
-        # culprit, that skips what its search already cleared).
+        start, end = self._first_pair(bad)
+        while True:
+            passing, failing = self.dd(
+                core | start, core | (end if end is not None else pool), "isolate"
+            )
+            start = frozenset()
+            end = None
+            delta = failing - passing
+            if len(delta) != 1:
+                raise self._not_isolated(core, delta, failing)
+            core = self.core = core | delta
+            rest = passing - core
+            self.candidates = core | rest  # until `core` alone is shown slow
+            if not rest:
+                return core  # `failing` is exactly the core, measured bad
+            if self._bad_alone(core, failing, bad):
+                return core
+            # Good alone: the rest of the cause is inside the last good state; isolate it
+            # with the core applied.
+            pool = rest
+            self._emit(
+                EventKind.PHASE,
+                f"{', '.join(self._sorted(core))} alone is fast: looking for what it needs",
+            )
+
+    def _first_pair(self, bad: frozenset[str]) -> tuple[frozenset[str], frozenset[str] | None]:
+        """Where isolation inside ``bad`` starts: the largest state inside it already measured
+        good (after a first culprit, that skips what its search already cleared) and, with
+        several workers, the smallest one above that measured bad (None: ``bad`` itself)."""
         start = max(
             (
                 r.state.applied
@@ -902,75 +1002,63 @@ class _Engine:
             key=len,
             default=frozenset(),
         )
-        end: frozenset[str] | None = None
+        if self.workers == 1:
+            return start, None
+        # States measured speculatively along with the endpoints narrow the first pair.
+        end = min(
+            (
+                r.state.applied
+                for r in self.order
+                if r.verdict is Verdict.BAD
+                and not r.state.positions
+                and start < r.state.applied <= bad
+            ),
+            key=len,
+            default=None,
+        )
+        return start, end
+
+    def _not_isolated(
+        self, core: frozenset[str], delta: frozenset[str], failing: frozenset[str]
+    ) -> _Ambiguous:
+        """Why dd stopped short of one unit, with the smallest state known to hold the cause."""
+        if self.too_noisy:
+            return _Ambiguous(
+                failing,
+                f"{self.too_noisy} states stayed within the noise band (±"
+                f"{self._noise().sigma:.1%} per sample) after up to {self.max_samples} "
+                "samples: the drop is too small for this noise; allow more samples or "
+                "quiet the machine",
+            )
+        # `failing` is proven slow and holds a whole cause; one of `delta` is part of it, the
+        # rest of it (an interaction) may be among the others: shrink those.
+        return _Ambiguous(
+            self._shrink(core | delta, failing),
+            f"one of {self._names(delta)} makes it slow, but every state between "
+            "them was unresolved",
+        )
+
+    def _bad_alone(
+        self, core: frozenset[str], failing: frozenset[str], bad: frozenset[str]
+    ) -> bool:
+        """Confirm ``core`` alone is slow (True) or fast (False: it needs more units);
+        ``_Ambiguous`` when that cannot be judged."""
         if self.workers > 1:
-            # States measured speculatively along with the endpoints: the smallest one above
-            # `start` measured bad narrows the first pair further.
-            end = min(
-                (
-                    r.state.applied
-                    for r in self.order
-                    if r.verdict is Verdict.BAD
-                    and not r.state.positions
-                    and start < r.state.applied <= bad
-                ),
-                key=len,
-                default=None,
+            # The two confirmations in one round (the second is wasted if the core turns
+            # out to need more units).
+            self.measure_many(
+                [(State.of(core), "confirm: alone"), (State.of(bad - core), "confirm: without")]
             )
-        while True:
-            passing, failing = self.dd(
-                core | start, core | (end if end is not None else pool), "isolate"
-            )
-            start = frozenset()
-            end = None
-            delta = failing - passing
-            if len(delta) != 1 and self.too_noisy:
-                raise _Ambiguous(
-                    failing,
-                    f"{self.too_noisy} states stayed within the noise band (±"
-                    f"{self._noise().sigma:.1%} per sample) after up to {self.max_samples} "
-                    "samples: the drop is too small for this noise; allow more samples or "
-                    "quiet the machine",
-                )
-            if len(delta) != 1:
-                # `failing` is proven slow and holds a whole cause; one of `delta` is part of
-                # it, the rest of it (an interaction) may be among the others: shrink those.
-                raise _Ambiguous(
-                    self._shrink(core | delta, failing),
-                    f"one of {self._names(delta)} makes it slow, but every state between "
-                    "them was unresolved",
-                )
-            core = self.core = core | delta
-            rest = passing - core
-            self.candidates = core | rest  # until `core` alone is shown slow
-            if not rest:
-                return core  # `failing` is exactly the core, measured bad
-            if self.workers > 1:
-                # The two confirmations in one round (the second is wasted if the core
-                # turns out to need more units).
-                self.measure_many(
-                    [(State.of(core), "confirm: alone"), (State.of(bad - core), "confirm: without")]
-                )
-            v = self.measure(State.of(core), "confirm: alone")
-            if v is Verdict.BAD:
-                return core
-            if v is Verdict.UNRESOLVED:
-                rec = self.records[State.of(core)]
-                why = f"failed: {rec.failure}" if rec.failure else "is within the noise"
-                found = self._shrink(core, failing)
-                return_why = (
-                    f"{self._names(core)} makes it slow, but {self._names(core)} alone {why}"
-                )
-                if found != core:
-                    return_why += f"; it is slow together with {self._names(found - core)}"
-                raise _Ambiguous(found, return_why)
-            # Good alone: the rest of the cause is inside the last good state; isolate it
-            # with the core applied.
-            pool = rest
-            self._emit(
-                EventKind.PHASE,
-                f"{', '.join(self._sorted(core))} alone is fast: looking for what it needs",
-            )
+        v = self.measure(State.of(core), "confirm: alone")
+        if v is not Verdict.UNRESOLVED:
+            return v is Verdict.BAD
+        rec = self.records[State.of(core)]
+        why = f"failed: {rec.failure}" if rec.failure else "is within the noise"
+        found = self._shrink(core, failing)
+        return_why = f"{self._names(core)} makes it slow, but {self._names(core)} alone {why}"
+        if found != core:
+            return_why += f"; it is slow together with {self._names(found - core)}"
+        raise _Ambiguous(found, return_why)
 
     def _names(self, units: Iterable[str]) -> str:
         return ", ".join(self._sorted(units))
@@ -1016,28 +1104,7 @@ class _Engine:
             if not choices:
                 break
             if self.workers > 1 and len(choices) > 1:
-                # k-ary: k items spread over the range, measured together.
-                self.left = math.ceil(math.log(len(choices) + 1, self.workers + 1))
-                m = min(self.workers, len(choices))
-                points = [choices[(i + 1) * len(choices) // (m + 1)] for i in range(m)]
-                verdicts = self.measure_many([(state_at(p), f"narrow: {unit}") for p in points])
-                skipped.update(
-                    p for p, v in zip(points, verdicts, strict=True) if v is Verdict.UNRESOLVED
-                )
-                hi = min(
-                    [p for p, v in zip(points, verdicts, strict=True) if v is Verdict.BAD],
-                    default=hi,
-                )
-                lo = max(
-                    [
-                        lo,
-                        *(
-                            p
-                            for p, v in zip(points, verdicts, strict=True)
-                            if v is Verdict.GOOD and p < hi
-                        ),
-                    ]
-                )
+                lo, hi = self._narrow_round(choices, state_at, f"narrow: {unit}", (lo, hi), skipped)
                 continue
             self.left = _log2ceil(len(choices) + 1)
             p = min(choices, key=lambda q: (abs(q - mid), q))
@@ -1058,6 +1125,26 @@ class _Engine:
         ):
             evidence = Evidence.of(self.trial(state_at(lo)), self.trial(state_at(hi)))
         return Narrowed(unit, candidates, tuple(items[p] for p in candidates), evidence)
+
+    def _narrow_round(
+        self,
+        choices: list[int],
+        state_at: Callable[[int], State],
+        purpose: str,
+        bounds: tuple[int, int],
+        skipped: set[int],
+    ) -> tuple[int, int]:
+        """k-ary narrowing: k items spread over ``choices``, measured together; the new
+        (good, bad) bounds. Unresolved items are added to ``skipped``."""
+        lo, hi = bounds
+        self.left = math.ceil(math.log(len(choices) + 1, self.workers + 1))
+        m = min(self.workers, len(choices))
+        points = [choices[(i + 1) * len(choices) // (m + 1)] for i in range(m)]
+        verdicts = self.measure_many([(state_at(p), purpose) for p in points])
+        marked = list(zip(points, verdicts, strict=True))
+        skipped.update(p for p, v in marked if v is Verdict.UNRESOLVED)
+        hi = min([p for p, v in marked if v is Verdict.BAD], default=hi)
+        return max([lo, *(p for p, v in marked if v is Verdict.GOOD and p < hi)]), hi
 
     # -- the whole search ------------------------------------------------------------------
 
@@ -1097,8 +1184,8 @@ class _Engine:
                 )
             units = tuple(self._sorted(core))
             # Recorded before narrowing, so that a budget spent there still reports it.
-            self.culprits.append(Culprit(units, alone, without))
-            self.culprits[-1] = Culprit(units, alone, without, self.narrow(core))
+            self.culprits.append(Isolation(units, alone, without))
+            self.culprits[-1] = Isolation(units, alone, without, self.narrow(core))
             if v is Verdict.GOOD:
                 notes.extend(self._shortfall(State.of(remainder)))
                 break
@@ -1172,100 +1259,36 @@ class _Engine:
         )
 
 
-def _validate(
-    units: Sequence[str],
-    threshold: float | None,
-    repeats: int,
-    max_samples: int,
-    max_trials: int | None,
-    ordered: Mapping[str, Sequence[str]],
-    on_failure: str,
-) -> None:
-    if not units:
-        raise ValueError("no units to bisect")
-    if len(set(units)) != len(units):
-        raise ValueError("unit ids must be unique")
-    if threshold is not None and not (threshold > 0 and math.isfinite(threshold)):
-        raise ValueError(f"threshold must be a positive number, got {threshold!r}")
-    if repeats < 1:
-        raise ValueError("repeats must be at least 1")
-    if max_samples < max(3, repeats):
-        raise ValueError("max_samples must be at least max(3, repeats)")
-    if max_trials is not None and max_trials < 2:
-        raise ValueError("max_trials must leave room for the two endpoints")
-    if on_failure not in ("bad", "skip"):
-        raise ValueError(f"on_failure must be 'bad' or 'skip', got {on_failure!r}")
-    for unit, items in ordered.items():
-        if unit not in units:
-            raise ValueError(f"ordered unit {unit!r} is not among the units")
-        if not items:
-            raise ValueError(f"ordered unit {unit!r} has no items")
-
-
 def search(
     units: Sequence[str],
     test: TestFn,
+    settings: SearchSettings | None = None,
     *,
-    threshold: float | None = None,
-    repeats: int = 3,
-    max_samples: int = 9,
-    max_trials: int | None = None,
-    find_all: bool = False,
-    ordered: Mapping[str, Sequence[str]] | None = None,
-    on_failure: str = "bad",
     progress: Callable[[Event], None] | None = None,
     replay: Mapping[State, Outcome] | None = None,
-    threshold_fraction: float | None = None,
-    workers: int = 1,
     test_many: BatchTestFn | None = None,
+    **options: Any,
 ) -> SearchResult:
     """Find the unit(s) whose application turns the good state slow.
 
     ``units``: unit ids, in the order splits should follow (related units next to each
     other split together). ``test(state, n)``: measure ``n`` more samples of ``state``.
-    ``threshold``: tok/s below which a state is slow (default: geometric mean of the
-    endpoint medians). ``repeats``: samples per state to start with (endpoints get at least
-    3); more are taken, two at a time, up to ``max_samples`` while the median is inside the
-    noise band. ``max_trials``: budget of distinct states (endpoints included); when spent,
-    the outcome is ``ABORTED``. ``find_all``: keep isolating while everything but the found
-    culprits is still slow. ``ordered``: for units whose items (commits, oldest first, the
-    last one being the bad state's) are known, the item list to bisect once guilty.
-    ``on_failure``: a state that cannot be measured counts as ``"bad"`` (a crash is the
-    regression) or is skipped (``"skip"``: unresolved, split around). ``replay``: outcomes of
-    states measured in an earlier, interrupted session; used instead of calling ``test``.
-    ``threshold_fraction`` (instead of ``threshold``): slow means below this fraction of the
-    good endpoint's median.
-    ``workers``: how many states may be measured at the same time (k); with k > 1 the
-    search proposes up to k states per round — both endpoints together, k-ary splits, both
-    confirmations together, k commits at a time — and ``test_many([(state, n), ...])``
-    measures them (default: ``test`` on each in turn). With k = 1 the search is exactly
-    the sequential one.
+    ``settings`` (or its fields as keywords, ``threshold=...``): see ``SearchSettings``.
+    ``replay``: outcomes of states measured in an earlier, interrupted session; used instead
+    of calling ``test``. With ``workers`` k > 1 the search proposes up to k states per round
+    — both endpoints together, k-ary splits, both confirmations together, k commits at a
+    time — and ``test_many([(state, n), ...])`` measures them (default: ``test`` on each in
+    turn). With k = 1 the search is exactly the sequential one.
     """
-    if workers < 1:
-        raise ValueError("workers must be at least 1")
-    ordered = dict(ordered or {})
-    _validate(units, threshold, repeats, max_samples, max_trials, ordered, on_failure)
-    if threshold_fraction is not None and (threshold is not None or not 0 < threshold_fraction < 1):
-        raise ValueError("threshold_fraction is a fraction in (0, 1), instead of a threshold")
+    settings = replace(settings or SearchSettings(), **options)
+    settings.validate(units)
     engine = _Engine(
-        units,
-        test,
-        threshold=threshold,
-        repeats=repeats,
-        max_samples=max_samples,
-        max_trials=max_trials,
-        find_all=find_all,
-        ordered=ordered,
-        on_failure=on_failure,
-        progress=progress,
-        replay=replay or {},
-        threshold_fraction=threshold_fraction,
-        workers=workers,
-        test_many=test_many,
+        units, test, settings, progress=progress, replay=replay or {}, test_many=test_many
     )
     try:
         return engine.run()
     except _Stop:
-        return engine.aborted(f"the budget of {max_trials} trials is spent", interrupted=False)
+        why = f"the budget of {settings.max_trials} trials is spent"
+        return engine.aborted(why, interrupted=False)
     except KeyboardInterrupt:
         return engine.aborted("interrupted", interrupted=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from envbisect.bisect.workers import Worker
 from envbisect.errors import WorkerError
+from envbisect.failure import Failure
 from envbisect.metric import Measurement
 from envbisect.transport import Transport, parse_layer
 
@@ -77,7 +78,7 @@ def annotate(m: Measurement, stderr_path: Path) -> Measurement:
     why = slurm_reason(data, int(code.group(1)) if code else None)
     if why is None:
         return m
-    return Measurement(None, f"crash: {why}", m.source)
+    return Measurement(None, Failure.crash(why), m.source)
 
 
 @dataclass

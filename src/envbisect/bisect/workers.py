@@ -37,12 +37,16 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from envbisect.bisect.search import Event, EventKind, Outcome, State
 from envbisect.bisect.verdict import Noise, median
 from envbisect.errors import UsageError, WorkerError
 from envbisect.transport import Transport
+
+if TYPE_CHECKING:
+    from envbisect.config import Config, Target, WorkerConfig
 
 # A worker whose good-state speed differs from the reference worker's by more than this
 # factor is not the same kind of machine (or not idle): refused rather than calibrated.
@@ -198,7 +202,7 @@ def slot_workers(
     ]
 
 
-def config_workers(specs: Sequence[Any], targets: Mapping[str, Any]) -> list[Worker]:
+def config_workers(specs: Sequence[WorkerConfig], targets: Mapping[str, Target]) -> list[Worker]:
     """Workers from envbisect.yaml's ``workers:`` (already type-checked by config)."""
     out = []
     for spec in specs:
@@ -370,61 +374,21 @@ class WorkerPool:
         (a state measured before stays with its worker), until the round is done."""
         if len(calls) == 1 and len(self.workers) == 1:
             return [self._one(calls[0][0], calls[0][1], self.workers[0], threading.Event())]
-        cancel = threading.Event()
-        cond = threading.Condition()
-        pending = list(range(len(calls)))
-        results: dict[int, Outcome] = {}
-        errors: list[BaseException] = []
-
-        def next_for(worker: Worker) -> int | None:
-            for i in pending:
-                owner = self.sticky.get(calls[i][0])
-                if owner is None or owner == worker.name or owner not in self.by_name:
-                    return i
-            return None
-
-        def loop(worker: Worker) -> None:
-            while True:
-                with cond:
-                    i = next_for(worker) if not (cancel.is_set() or errors) else None
-                    if i is None:
-                        return
-                    pending.remove(i)
-                    self.sticky.setdefault(calls[i][0], worker.name)
-                try:
-                    out = self._one(calls[i][0], calls[i][1], worker, cancel)
-                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-                    with cond:
-                        errors.append(exc)
-                        cond.notify_all()
-                    return
-                with cond:
-                    results[i] = out
-                    cond.notify_all()
-
+        run = _Round(self, calls)
         # Every worker gets a thread (a state may be sticky to any of them); the one to
         # start taking new states turns with each round, to spread them.
         start = self._next % len(self.workers)
         order = self.workers[start:] + self.workers[:start]
         threads = [
-            threading.Thread(target=loop, args=(w,), name=f"envbisect-{w.name}", daemon=True)
+            threading.Thread(target=run.loop, args=(w,), name=f"envbisect-{w.name}", daemon=True)
             for w in order
         ]
         try:
             for t in threads:
                 t.start()
-            with cond:
-                while len(results) < len(calls) and not errors:
-                    if not any(t.is_alive() for t in threads):
-                        break
-                    cond.wait(0.5)
-            if errors:
-                raise errors[0]
-            if len(results) < len(calls):
-                raise RuntimeError("workers stopped before the round was done")
-            return [results[i] for i in range(len(calls))]
+            return run.wait(threads)
         except BaseException:
-            cancel.set()
+            run.cancel.set()
             if self.on_cancel is not None:
                 self.on_cancel()
             raise
@@ -442,6 +406,67 @@ class WorkerPool:
         factor = self.factors.get(name, 1.0)
         samples = tuple(s * factor for s in out.samples) if factor != 1.0 else out.samples
         return Outcome(samples=samples, failure=out.failure, untestable=out.untestable, worker=name)
+
+
+class _Round:
+    """One round of a WorkerPool: the states not yet taken, the outcomes, the first error;
+    worker threads take states under ``cond``."""
+
+    def __init__(self, pool: WorkerPool, calls: Sequence[tuple[State, int]]) -> None:
+        self.pool = pool
+        self.calls = calls
+        self.cancel = threading.Event()
+        self.cond = threading.Condition()
+        self.pending = list(range(len(calls)))
+        self.results: dict[int, Outcome] = {}
+        self.errors: list[BaseException] = []
+
+    def _next_for(self, worker: Worker) -> int | None:
+        for i in self.pending:
+            owner = self.pool.sticky.get(self.calls[i][0])
+            if owner is None or owner == worker.name or owner not in self.pool.by_name:
+                return i
+        return None
+
+    def _take(self, worker: Worker) -> int | None:
+        """The next state for ``worker`` (None: nothing left for it, or the round failed)."""
+        with self.cond:
+            if self.cancel.is_set() or self.errors:
+                return None
+            i = self._next_for(worker)
+            if i is not None:
+                self.pending.remove(i)
+                self.pool.sticky.setdefault(self.calls[i][0], worker.name)
+            return i
+
+    def loop(self, worker: Worker) -> None:
+        """A worker's thread: measure states until none is left for it."""
+        while (i := self._take(worker)) is not None:
+            state, n = self.calls[i]
+            try:
+                out = self.pool._one(state, n, worker, self.cancel)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                with self.cond:
+                    self.errors.append(exc)
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                self.results[i] = out
+                self.cond.notify_all()
+
+    def wait(self, threads: Sequence[threading.Thread]) -> list[Outcome]:
+        """The outcomes in the order of the calls, once every state is measured; the first
+        error raised in a worker's thread is raised here."""
+        with self.cond:
+            while len(self.results) < len(self.calls) and not self.errors:
+                if not any(t.is_alive() for t in threads):
+                    break
+                self.cond.wait(0.5)
+        if self.errors:
+            raise self.errors[0]
+        if len(self.results) < len(self.calls):
+            raise RuntimeError("workers stopped before the round was done")
+        return [self.results[i] for i in range(len(self.calls))]
 
 
 def cpus_of_host() -> list[int]:
@@ -464,7 +489,7 @@ def nvidia_smi_count() -> int | None:
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
-def target_gpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
+def target_gpus(transport: Transport, python: str, log_dir: Path) -> list[int]:
     """The GPU indices a trial on the target may use: ``CUDA_VISIBLE_DEVICES`` of this
     process when the target is this host and it is set, else what ``nvidia-smi`` lists
     there (none without nvidia-smi)."""
@@ -486,7 +511,7 @@ def target_gpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
     return [int(w) for w in res.stdout().decode("utf-8", "replace").split() if w.isdigit()]
 
 
-def target_cpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
+def target_cpus(transport: Transport, python: str, log_dir: Path) -> list[int]:
     """The cores a process on the target may run on."""
     if not transport.layers:
         return cpus_of_host()
@@ -502,11 +527,11 @@ def target_cpus(transport: Transport, python: str, log_dir: Any) -> list[int]:
 
 def resolve(
     value: str | None,
-    config: Any,
+    config: Config | None,
     *,
     transport: Transport,
     python: str,
-    log_dir: Any,
+    log_dir: Path,
 ) -> tuple[Worker, ...]:
     """The workers of a run: ``--workers N|auto`` (slots of the target), else envbisect.yaml's
     ``workers:``, else none (one trial at a time on the target, as without workers)."""

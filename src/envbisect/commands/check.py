@@ -5,6 +5,8 @@ Made for ``git bisect run envbisect check --until-ktoks 12000 -- python train.py
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from envbisect.commands.common import (
@@ -19,6 +21,9 @@ from envbisect.commands.common import (
     threshold_options,
     timeout_option,
 )
+
+if TYPE_CHECKING:
+    from envbisect.runner import CheckResult
 
 
 @click.command("check", context_settings={"ignore_unknown_options": True})
@@ -55,7 +60,6 @@ def command(
     drafter smoke test, runs in --python.
     """
     from envbisect.errors import UsageError
-    from envbisect.metric import format_tok
     from envbisect.runner import check
 
     config = load_config(config_path)
@@ -84,17 +88,25 @@ def command(
         repeats=repeats,
         timeout_s=timeout_s,
     )
+    _echo_verdict(result)
+    return result.exit_code
+
+
+def _echo_verdict(result: CheckResult) -> None:
+    """The verdict on stdout; a note on stderr when it sits inside the noise."""
+    from envbisect.metric import format_tok
+
     if result.verdict == "skip":
         click.echo(f"cannot test: {result.failure}; logs in {result.log_dir}")
-    else:
-        sign = "≥" if result.verdict == "good" else "<"
+        return
+    sign = "≥" if result.verdict == "good" else "<"
+    click.echo(
+        f"{result.verdict}: median {format_tok(result.median)} {sign} "
+        f"{format_tok(result.threshold)}"
+    )
+    if result.within_noise:
         click.echo(
-            f"{result.verdict}: median {format_tok(result.median)} {sign} {format_tok(threshold)}"
+            f"note: within the noise of the threshold (±{result.noise:.1%} per sample over "
+            f"{len(result.samples)} samples): the verdict may flip; more --repeats decide it",
+            err=True,
         )
-        if result.within_noise:
-            click.echo(
-                f"note: within the noise of the threshold (±{result.noise:.1%} per sample over "
-                f"{len(result.samples)} samples): the verdict may flip; more --repeats decide it",
-                err=True,
-            )
-    return result.exit_code

@@ -13,6 +13,7 @@ from envbisect.errors import TransportError
 
 if TYPE_CHECKING:
     from envbisect.config import Config
+    from envbisect.metric import Threshold
     from envbisect.runner import SmokeCommand
     from envbisect.transport import Transport
 
@@ -142,7 +143,7 @@ def threshold_options(func: F) -> F:
 
 def resolve_threshold(
     until_ktoks: str | None, until: str | None, config: Config, *, relative: bool = True
-) -> Any:
+) -> Threshold:
     """The threshold and where it came from: --until-ktoks / --until, else envbisect.yaml's
     ``threshold:``, else none (``Threshold()``: the engine's default)."""
     from envbisect.errors import UsageError
@@ -185,7 +186,7 @@ def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -
 
 
 def resolve_target(
-    config: Any, python: str | None, via: Sequence[str], target_name: str | None
+    config: Config, python: str | None, via: Sequence[str], target_name: str | None
 ) -> tuple[Transport, str]:
     """The Transport and target python for ``--python/--via/--target``.
 

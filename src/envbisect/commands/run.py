@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -23,6 +26,12 @@ from envbisect.commands.common import (
     threshold_options,
     timeout_option,
 )
+
+if TYPE_CHECKING:
+    from envbisect.config import Config
+    from envbisect.metric import Threshold
+    from envbisect.runner import RunOptions, RunResult, SmokeCommand
+    from envbisect.transport import Transport
 
 
 def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
@@ -72,29 +81,7 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 @target_options
 @config_option
 @click.argument("smoke_argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- SMOKE CMD ...]")
-def command(
-    good: str | None,
-    bad: str | None,
-    until_ktoks: str | None,
-    until: str | None,
-    repeats: int | None,
-    max_trials: int | None,
-    timeout_s: float,
-    on_crash: str,
-    session_dir: str | None,
-    resume: bool,
-    fresh: bool,
-    workers_opt: str | None,
-    json_path: str | None,
-    report_path: str | None,
-    metric_regex: str | None,
-    python: str | None,
-    via: tuple[str, ...],
-    target_name: str | None,
-    print_command: bool,
-    config_path: str | None,
-    smoke_argv: tuple[str, ...],
-) -> int:
+def command(**flags: Any) -> int:
     """Bisect the changes between GOOD and BAD down to the one that made training slow.
 
     Each trial realizes an in-between state in a sandbox (uv venv, git worktree, journaled
@@ -104,73 +91,134 @@ def command(
     """
     from envbisect import report
     from envbisect.agent.redact import redact_text
-    from envbisect.bisect.workers import resolve as resolve_workers
     from envbisect.errors import UsageError
-    from envbisect.manifest import atomic_write_text, check_writable
-    from envbisect.runner import RunOptions, run_bisect, validate_options
+    from envbisect.manifest import check_writable
+    from envbisect.runner import validate_options
 
-    config = load_config(config_path)
-    threshold = resolve_threshold(until_ktoks, until, config)
-    repeats = repeats if repeats is not None else (config.repeats or 3)
-    good_path = Path(good) if good else config.good
+    args = RunFlags(**flags)
+    config = load_config(args.config_path)
+    threshold = resolve_threshold(args.until_ktoks, args.until, config)
+    good_path = Path(args.good) if args.good else config.good
     if good_path is None:
         raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
-    transport, py = resolve_target(config, python, via, target_name)
-    smoke = smoke_command(smoke_argv, config, metric_regex)
-    if print_command:
+    transport, py = resolve_target(config, args.python, args.via, args.target_name)
+    smoke = smoke_command(args.smoke_argv, config, args.metric_regex)
+    if args.print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
-    workers = resolve_workers(
-        workers_opt,
-        config,
-        transport=transport,
-        python=py,
-        log_dir=session_root(config, session_dir).parent / "probe",
-    )
-    options = RunOptions(
-        good=good_path.absolute(),
-        bad=Path(bad).absolute() if bad else None,
-        threshold=threshold.value,
-        threshold_fraction=threshold.fraction,
-        threshold_source=threshold.source,
-        smoke=smoke,
-        python=py,
-        transport=transport,
-        session_dir=session_root(config, session_dir),
-        resume=resume,
-        fresh=fresh,
-        repeats=repeats,
-        max_samples=max(9, repeats),
-        max_trials=max_trials,
-        timeout_s=timeout_s,
-        on_crash=on_crash,
-        config=config,
-        cwd=Path.cwd(),
-        workers=workers,
-    )
+    options = args.options(config, threshold, good_path, (transport, py), smoke)
     validate_options(options)
     # Outputs are checked before the first trial: a typo must not cost a whole run.
-    for flag, path in (("--json", json_path), ("--report", report_path)):
+    for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
         if path and path != "-":
             check_writable(flag, Path(path))
-    goal = threshold.describe()
 
     # Progress is often tee'd to a file: it passes the same secret rules as the report.
     def say(line: str) -> None:
         click.echo(redact_text(line), err=True)
 
-    say(f"envbisect run: {goal}; smoke: {smoke.describe()}; session {options.session_dir}")
+    say(
+        f"envbisect run: {threshold.describe()}; smoke: {smoke.describe()}; "
+        f"session {options.session_dir}"
+    )
+    result = _run_bisect(options, say)
+    click.echo(report.render_text(result), nl=False)
+    _write_outputs(result, args.json_path, args.report_path)
+    return result.exit_code
+
+
+@dataclass(frozen=True)
+class RunFlags:
+    """``envbisect run``'s command line as click parsed it: one field per parameter."""
+
+    good: str | None
+    bad: str | None
+    until_ktoks: str | None
+    until: str | None
+    repeats: int | None
+    max_trials: int | None
+    timeout_s: float
+    on_crash: str
+    session_dir: str | None
+    resume: bool
+    fresh: bool
+    workers_opt: str | None
+    json_path: str | None
+    report_path: str | None
+    metric_regex: str | None
+    python: str | None
+    via: tuple[str, ...]
+    target_name: str | None
+    print_command: bool
+    config_path: str | None
+    smoke_argv: tuple[str, ...]
+
+    def options(
+        self,
+        config: Config,
+        threshold: Threshold,
+        good: Path,
+        target: tuple[Transport, str],
+        smoke: SmokeCommand,
+    ) -> RunOptions:
+        """The run these flags ask for (the workers resolved on ``target``)."""
+        from envbisect.bisect.workers import resolve as resolve_workers
+        from envbisect.runner import RunOptions
+
+        transport, py = target
+        repeats = self.repeats if self.repeats is not None else (config.repeats or 3)
+        session_dir = session_root(config, self.session_dir)
+        workers = resolve_workers(
+            self.workers_opt,
+            config,
+            transport=transport,
+            python=py,
+            log_dir=session_dir.parent / "probe",
+        )
+        return RunOptions(
+            # what to bisect, and against which goal
+            good=good.absolute(),
+            bad=Path(self.bad).absolute() if self.bad else None,
+            goal=threshold,
+            smoke=smoke,
+            # where it runs
+            python=py,
+            transport=transport,
+            cwd=Path.cwd(),
+            config=config,
+            workers=workers,
+            # the session, and how much to measure
+            session_dir=session_dir,
+            resume=self.resume,
+            fresh=self.fresh,
+            max_samples=max(9, repeats),
+            repeats=repeats,
+            max_trials=self.max_trials,
+            timeout_s=self.timeout_s,
+            on_crash=self.on_crash,
+        )
+
+
+def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
+    """``run_bisect`` with SIGTERM and SIGHUP taking Ctrl-C's path."""
+    from envbisect.runner import run_bisect
+
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        result = run_bisect(options, say)
+        return run_bisect(options, say)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    click.echo(report.render_text(result), nl=False)
+
+
+def _write_outputs(result: RunResult, json_path: str | None, report_path: str | None) -> None:
+    """``--json`` (``-``: stdout) and ``--report``."""
+    from envbisect import report
+    from envbisect.manifest import atomic_write_text
+
     if json_path == "-":
         sys.stdout.write(report.render_json(result))
     elif json_path:
         atomic_write_text(Path(json_path), report.render_json(result))
     if report_path:
         atomic_write_text(Path(report_path), report.render_markdown(result))
-    return result.exit_code
