@@ -28,10 +28,8 @@ class Failure(str):
     @classmethod
     def make(cls, kind: FailureKind, detail: str = "") -> Failure:
         """``build: <detail>``; a timeout's detail follows with a space (``timeout after 5s``)."""
-        if not detail:
-            return cls(kind.value)
         if kind is FailureKind.TIMEOUT:
-            return cls(f"{kind.value} {detail}")
+            return cls(f"{kind.value} {detail}" if detail else kind.value)
         return cls(f"{kind.value}: {detail}")
 
     @classmethod

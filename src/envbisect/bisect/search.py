@@ -75,7 +75,6 @@ from envbisect.metric import format_ktok
 
 __all__ = [
     "BatchTestFn",
-    "Culprit",
     "Event",
     "EventKind",
     "Evidence",
@@ -261,10 +260,6 @@ class Isolation:
             "without": self.without.as_dict() if self.without else None,
             "narrowed": [n.as_dict() for n in self.narrowed],
         }
-
-
-# The engine's old name, still re-exported by ``envbisect.bisect``; use ``Isolation``.
-Culprit = Isolation
 
 
 @dataclass(frozen=True)
