@@ -11,9 +11,14 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
     venv      build the overlay venv (``uv venv`` + ``uv pip install --no-deps`` + link farm
               of the base site-packages minus hidden packages), or reuse a ready one
     realize   git worktrees, journaled file swaps, fresh cache dirs for one trial (after
-              restoring any swap a dead process left open)
+              restoring any swap a dead process left open); the work itself is
+              :func:`apply`
     restore   put back every journaled swap (idempotent; after every trial and on exit)
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
+
+Local targets run the same code in the host process (``bisect.execute.LocalExecutor``):
+``inspect``, ``op_venv`` with a ``run`` hook that logs uv through the host's transport, and
+:func:`apply` with the host's journal and session log as hooks.
 
 The journal has the same shape as the host's: ``journal.jsonl`` lines written (and fsynced)
 *before* a file is touched, ``backups/N`` holding the original bytes, ``restored`` lines after.
