@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect.agent.actuate_remote import FAILED, READY
 from envbisect.agent.journal import sha256_of
 from envbisect.agent.redact import is_redacted
 from envbisect.bisect.entries import FileEntry, GitEntry
@@ -104,10 +105,21 @@ from envbisect.transport import Layer, Transport
 ACTIONABLE = tuple(REALIZERS)  # packages, git, files, env, caches, data
 DERIVED = ("torch", "probes")
 
-__all__ = ["ACTIONABLE", "CACHE_ENV", "DERIVED", "Actuator", "Realized", "TargetEnv"]
+# FAILED/READY (the venv markers) and CACHE_ENV live with the code that uses them; kept here.
+__all__ = [
+    "ACTIONABLE",
+    "AGENT",
+    "CACHE_ENV",
+    "DERIVED",
+    "FAILED",
+    "READY",
+    "Actuator",
+    "Realized",
+    "TargetEnv",
+    "blob_dirs",
+    "reset_remote",
+]
 
-READY = ".envbisect-ready"
-FAILED = ".envbisect-failed"
 AGENT = "envbisect.agent.actuate_remote"
 FAR_PATH = "/usr/local/bin:/usr/bin:/bin"  # a remote target whose PATH the probe did not see
 
@@ -541,8 +553,7 @@ class Actuator:
             if plan.failure:
                 return Realized(python=plan.python, env=plan.env, failure=plan.failure)
             if plan.venv is not None:
-                index = (self.index_url, tuple(self.extra_index_urls), tuple(self.find_links))
-                _path, failure = executor.venv(plan.venv.params(index), trial_dir)
+                _path, failure = executor.venv(plan.venv.params(), trial_dir)
                 if failure:
                     return Realized(python=self.python, env=plan.env, failure=failure)
             failure, notes = executor.apply(plan, trial_dir)

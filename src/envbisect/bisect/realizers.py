@@ -132,9 +132,9 @@ class VenvSpec:
     excluded: Mapping[str, tuple[str, ...]]
     spec: Mapping[str, Any]  # what identifies it (hashed into its name, kept in READY)
 
-    def params(self, index: tuple[str | None, tuple[str, ...], tuple[str, ...]]) -> dict[str, Any]:
+    def params(self) -> dict[str, Any]:
         """The ``venv`` operation's parameters (uv and ``where`` added by the executor)."""
-        index_url, extra, links = index
+        index_url, extra, links = self.spec["index"]
         return {
             "venv": self.path,
             "base": self.base,
