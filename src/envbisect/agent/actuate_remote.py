@@ -326,6 +326,8 @@ def restore(root):
     except journal.JournalError as exc:
         raise ValueError(str(exc)) from None
     for item in outcomes:
+        # The words of the host's session.KeptEdit.describe, which this stdlib agent cannot
+        # import.
         if item["outcome"] != "kept":
             done.append(item["path"])
         elif item["original"]:
