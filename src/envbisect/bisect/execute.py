@@ -11,10 +11,10 @@ One interface, two ways to reach the code in ``envbisect.agent.actuate_remote``:
   "in use by envbisect process N" rule would turn it away. It would also cost a process
   per operation: measured here (median of 7, ``Transport().run_agent`` of an empty
   ``inspect``), 159 ms as a ``python -`` child against 2 µs in-process, where a whole
-  revisited state costs about 2 ms. So locally the swaps go through the host's ``Session.journal`` (same
-  journal rules, same files) and worktrees are recorded in the session log, where ``reset``
-  finds them; everything else (uv, link farm, worktrees, cache dirs, facts) is the agent's
-  code unchanged.
+  revisited state costs about 2 ms. So locally the swaps go through the host's
+  ``Session.journal`` (same journal rules, same files) and worktrees are recorded in the
+  session log, where ``reset`` finds them; everything else (uv, link farm, worktrees, cache
+  dirs, facts) is the agent's code unchanged.
 """
 
 from __future__ import annotations
