@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from envbisect import gitcli
 from envbisect.errors import EnvBisectError
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "demo"
@@ -135,9 +136,14 @@ def _torch_site() -> Path:
     return Path(spec.origin).resolve().parents[1]
 
 
-def _git(repo: Path, *args: str, when: str) -> None:
-    env = {**os.environ, **_GIT_ENV, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
-    _run(["git", *args], cwd=repo, env=env)
+def _git(repo: Path | None, *args: str, when: str | None = None) -> None:
+    """git in ``repo`` (None: here), through ``gitcli`` (with a time limit); commits dated
+    ``when``."""
+    env = gitcli.commit_env(when, _GIT_ENV) if when is not None else None
+    res = gitcli.run(*args, cwd=repo, env=env)
+    if not res.ok:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+        raise DemoError(f"git {' '.join(args[:3])} failed ({res.returncode}): {' | '.join(tail)}")
 
 
 def _write_prompts(path: Path, count: int, seed: int, max_words: int) -> None:
@@ -199,6 +205,15 @@ def measure_argv(sc: Scenario, envbisect: list[str]) -> list[str]:
     return [*envbisect, "smoke", "--python", str(sc.venv_python), "--preset", "tiny"]
 
 
+def _init_repo(repo: Path) -> None:
+    """The demo fixture's repo with its first commit."""
+    shutil.copytree(FIXTURE / "repo", repo)
+    _git(None, "init", "-q", "-b", "main", str(repo))
+    when = "2026-11-02T09:00:00Z"
+    _git(repo, "add", "-A", when=when)
+    _git(repo, "commit", "-q", "-m", "drafter training: first working run", when=when)
+
+
 def build_good_state(root: Path, progress: Progress) -> Scenario:
     """Lay out the good state under ``root`` (repo, venv, data, cache, config)."""
     sc = scenario_paths(root)
@@ -212,17 +227,7 @@ def build_good_state(root: Path, progress: Progress) -> Scenario:
         raise DemoError(
             f"{FIXTURE}: demo fixture not found; run the demo from a clone of envbisect"
         )
-    shutil.copytree(FIXTURE / "repo", sc.repo)
-    _run(["git", "init", "-q", "-b", "main", str(sc.repo)])
-    _git(sc.repo, "add", "-A", when="2026-11-02T09:00:00Z")
-    _git(
-        sc.repo,
-        "commit",
-        "-q",
-        "-m",
-        "drafter training: first working run",
-        when="2026-11-02T09:00:00Z",
-    )
+    _init_repo(sc.repo)
 
     progress(
         f"creating a uv venv that reuses the installed CPU torch, with {PACKAGE}=={GOOD_VERSION}"

@@ -11,10 +11,12 @@ Pure functions over a unit and a way to read blobs and commits; nothing prints.
 from __future__ import annotations
 
 import difflib
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from envbisect import gitcli
+from envbisect.bisect.entries import FileEntry, GitEntry, PackageEntry
 
 DIFF_LINES = 80  # lines of a content diff shown before "… N more lines"
 COMMITS = 20  # commit subjects shown before "… N more commits"
@@ -47,12 +49,7 @@ def commit_lines(
 ) -> list[str]:
     """``old..new`` with one line per commit (oldest first, the first bad one marked), read
     from the local repo; a note when it cannot be read."""
-    proc = subprocess.run(
-        ["git", "-C", repo, "log", "--reverse", "--format=%H %s", f"{old}..{new}"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = gitcli.log_subjects(repo, old, new)
     head = f"commits {old[:12]}..{new[:12]} in {repo}"
     if proc.returncode != 0:
         return [f"{head}: cannot be listed here ({proc.stderr.strip()[:120] or 'git failed'})"]
@@ -88,11 +85,8 @@ def package_lines(unit: Any) -> list[str]:
 
 
 def _version(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return str(value.get("version"))
-    return str(value)
+    entry = PackageEntry.of(value)
+    return None if entry is None else str(entry.version)
 
 
 def details(
@@ -114,8 +108,8 @@ def details(
             new = _content(bad, bad.section("files").get(c.key), blob)
             out += file_diff(str(c.key), old, new)
         elif c.section == "git":
-            g = (good.section("git").get(c.key) or {}).get("head")
-            b = (bad.section("git").get(c.key) or {}).get("head")
+            g = GitEntry.of(good.section("git").get(c.key)).head
+            b = GitEntry.of(bad.section("git").get(c.key)).head
             if g and b and local:
                 out += commit_lines(str(c.key), str(g), str(b), commit)
             elif g and b:
@@ -126,7 +120,8 @@ def details(
 def _content(
     manifest: Any, entry: Any, blob: Callable[[Any, dict[str, Any]], Path | None]
 ) -> bytes | None:
-    if not isinstance(entry, dict) or entry.get("sha256") is None:
+    file = FileEntry.of(entry)
+    if file is None or file.sha256 is None:
         return b"" if entry is None else None  # absent on that side: empty
     path = blob(manifest, entry)
     try:

@@ -11,9 +11,14 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
     venv      build the overlay venv (``uv venv`` + ``uv pip install --no-deps`` + link farm
               of the base site-packages minus hidden packages), or reuse a ready one
     realize   git worktrees, journaled file swaps, fresh cache dirs for one trial (after
-              restoring any swap a dead process left open)
+              restoring any swap a dead process left open); the work itself is
+              :func:`apply`
     restore   put back every journaled swap (idempotent; after every trial and on exit)
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
+
+Local targets run the same code in the host process (``bisect.execute.LocalExecutor``):
+``inspect``, ``op_venv`` with a ``run`` hook that logs uv through the host's transport, and
+:func:`apply` with the host's journal and session log as hooks.
 
 The journal has the same shape as the host's: ``journal.jsonl`` lines written (and fsynced)
 *before* a file is touched, ``backups/N`` holding the original bytes, ``restored`` lines after.
@@ -52,6 +57,7 @@ def main(params):
 
 
 def _norm(name):
+    # PEP 503 by hand: packaging (canonicalize_name, the host's) is not in a bare target python.
     import re
 
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -124,13 +130,19 @@ def _find_uv():
 _sha256 = journal.sha256_of
 
 
-def _git(repo, *args):
-    return subprocess.run(
-        ["git", "-C", repo] + list(args),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+GIT_TIMEOUT_S = 60  # a query (cat-file, rev-list, prune); a worktree add gets longer
+
+
+def _git(repo, *args, timeout=GIT_TIMEOUT_S):
+    # A stdlib twin of envbisect.gitcli.run: envbisect is not installed on a target.
+    argv = ["git", "-C", repo] + list(args)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        why = f"git {args[0]} timed out after {timeout}s\n"
+        return subprocess.CompletedProcess(argv, 124, "", why)
+    except OSError as exc:
+        return subprocess.CompletedProcess(argv, 127, "", f"cannot run git: {exc.strerror}\n")
 
 
 def _usable_dir(path):
@@ -165,64 +177,98 @@ def _tail(text):
     return lines[-1][:300] if lines else "(no output)"
 
 
-def _run_logged(argv):
-    """Run ``argv``; its output goes to our stderr (the host's log) and is returned."""
+def _run_logged(argv, name=None):
+    """Run ``argv``; its output goes to our stderr (the host's log) and is returned.
+
+    The signature of every ``run`` hook of :func:`op_venv`: ``(code, output, log)``, where
+    ``log`` names a file holding the output (None: the host's log of this call)."""
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sys.stderr.write(proc.stdout or "")
     sys.stderr.flush()
-    return proc.returncode, proc.stdout or ""
+    return proc.returncode, proc.stdout or "", None
 
 
-def op_venv(params):
+def op_venv(params, run=None):
+    """Build the overlay venv ``params["venv"]`` (or reuse it); ``run`` runs uv (default:
+    output to our stderr). ``where``: how failures name the machine (" on the target")."""
     venv = params["venv"]
+    known = _venv_known(venv)
+    if known is not None:
+        return known
+    if os.path.exists(venv):
+        shutil.rmtree(venv)
+    os.makedirs(os.path.dirname(venv), exist_ok=True)
+    run = run or _run_logged
+    uv = list(params["uv"])
+    code, text, _log = run(uv + ["venv", "--quiet", "--python", params["base"], venv], "build-venv")
+    if code != 0:
+        return {"venv": None, "failure": "build: uv venv failed: " + _tail(text)}
+    failure = _install(params, uv, run)
+    if failure is None:
+        failure = _link_base(params)
+    if failure is not None:
+        return {"venv": None, "failure": failure}
+    with open(os.path.join(venv, READY), "w") as fh:
+        fh.write(json.dumps(params.get("spec"), sort_keys=True) + "\n")
+    return {"venv": venv, "failure": None, "cached": False}
+
+
+def _venv_known(venv):
+    """The answer for a venv built (or failed) before, else None."""
     if os.path.exists(os.path.join(venv, READY)):
         return {"venv": venv, "failure": None, "cached": True}
     failed = os.path.join(venv, FAILED)
     if os.path.exists(failed):
         with open(failed) as fh:
             return {"venv": None, "failure": fh.read().strip(), "cached": True}
-    if os.path.exists(venv):
-        shutil.rmtree(venv)
-    os.makedirs(os.path.dirname(venv), exist_ok=True)
-    uv = list(params["uv"])
-    code, text = _run_logged(uv + ["venv", "--quiet", "--python", params["base"], venv])
-    if code != 0:
-        return {"venv": None, "failure": "build: uv venv failed: " + _tail(text)}
+    return None
+
+
+def _install(params, uv, run):
+    """``uv pip install --no-deps`` of the wanted packages; the failure (also kept in the
+    venv's FAILED file, so a revisit does not retry) or None."""
     install = list(params.get("install") or ())
-    py = os.path.join(venv, "bin", "python")
-    if install:
-        argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode", "--python", py]
-        if params.get("index_url"):
-            argv += ["--index-url", params["index_url"]]
-        for url in params.get("extra_index_urls") or ():
-            argv += ["--extra-index-url", url]
-        for link in params.get("find_links") or ():
-            argv += ["--find-links", link]
-        code, text = _run_logged(argv + install)
-        if code != 0:
-            why = "build: uv pip install {} failed on the target: {}".format(
-                " ".join(install),
-                _tail(text),
-            )
-            with open(failed, "w") as fh:
-                fh.write(why + "\n")
-            return {"venv": None, "failure": why}
+    if not install:
+        return None
+    venv = params["venv"]
+    argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode"]
+    argv += ["--python", os.path.join(venv, "bin", "python")]
+    if params.get("index_url"):
+        argv += ["--index-url", params["index_url"]]
+    for url in params.get("extra_index_urls") or ():
+        argv += ["--extra-index-url", url]
+    for link in params.get("find_links") or ():
+        argv += ["--find-links", link]
+    code, text, log = run(argv + install, "build-install")
+    if code == 0:
+        return None
+    why = "build: uv pip install {} failed{}: {}".format(
+        " ".join(install), params.get("where", " on the target"), _tail(text)
+    )
+    if log:
+        why += f" (full log: {log})"
+    with open(os.path.join(venv, FAILED), "w") as fh:
+        fh.write(why + "\n")
+    return why
+
+
+def _link_base(params):
+    """The link farm of the target's site-packages and the .pth that adds it."""
+    venv = params["venv"]
     found = sorted(
         os.path.join(venv, "lib", d, "site-packages")
         for d in os.listdir(os.path.join(venv, "lib"))
         if d.startswith("python")
     )
     if not found:
-        return {"venv": None, "failure": f"build: {venv}: no site-packages in the new venv"}
+        return f"build: {venv}: no site-packages in the new venv"
     farm = os.path.join(venv, "base-site")
     excluded = params.get("excluded") or {}
     for site_dir in params.get("sites") or ():
         link_tree(site_dir, farm, "", set(excluded.get(site_dir) or ()))
     with open(os.path.join(found[0], "_envbisect_base.pth"), "w") as fh:
         fh.write(f"import site; site.addsitedir({farm!r})\n")
-    with open(os.path.join(venv, READY), "w") as fh:
-        fh.write(json.dumps(params.get("spec"), sort_keys=True) + "\n")
-    return {"venv": venv, "failure": None, "cached": False}
+    return None
 
 
 def link_tree(src, dst, rel, excluded):
@@ -280,6 +326,8 @@ def restore(root):
     except journal.JournalError as exc:
         raise ValueError(str(exc)) from None
     for item in outcomes:
+        # The words of the host's session.KeptEdit.describe, which this stdlib agent cannot
+        # import.
         if item["outcome"] != "kept":
             done.append(item["path"])
         elif item["original"]:
@@ -314,42 +362,56 @@ def _release_all(root):
 # ---- realize -----------------------------------------------------------------------------
 
 
-def _worktree(root, repo, head, path):
+def _record_worktree(root, repo, path):
+    journal.append_line(os.path.join(root, "worktrees.jsonl"), {"repo": repo, "path": path})
+
+
+def _worktree(repo, head, path, where, record, log):
     if os.path.exists(path):
         return None
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    journal.append_line(os.path.join(root, "worktrees.jsonl"), {"repo": repo, "path": path})
-    proc = _git(repo, "worktree", "add", "--detach", path, head)
-    sys.stderr.write(proc.stderr)
+    record(repo, path)  # before git runs, so a cleanup after kill -9 finds it
+    proc = _git(repo, "worktree", "add", "--detach", path, head, timeout=600)
+    if log is not None:
+        log(proc.stderr)
     if proc.returncode != 0:
-        return (
-            f"build: git {repo}: cannot check out {head[:12]} on the target: {_tail(proc.stderr)}"
-        )
+        return f"build: git {repo}: cannot check out {head[:12]}{where}: {_tail(proc.stderr)}"
     return None
 
 
-def op_realize(params):
-    root = params["root"]
-    os.makedirs(root, exist_ok=True)
-    # A swap left by a process that died (kill -9, then --resume) must not leak into this
-    # state: every trial starts from the target's own files.
-    _restored, notes = restore(root)
-    for repo, head, path in params.get("worktrees") or ():
-        failure = _worktree(root, repo, head, path)
-        if failure:
-            return {"failure": failure, "notes": notes}
-    for item in params.get("swaps") or ():
+def _content(item):
+    """The bytes to put for a swap: sent along (base64), or a blob file on this machine."""
+    if item.get("content") is not None:
+        return base64.b64decode(item["content"])
+    if item.get("blob"):
+        try:
+            with open(item["blob"], "rb") as fh:
+                return fh.read()
+        except OSError:
+            return None
+    return None
+
+
+def _swaps(items, put):
+    """Put each file in the wanted state through ``put(path, bytes or None)``."""
+    for item in items:
         target, want = item["path"], item.get("sha256")
         if want is not None and _sha256(target) == want:
             continue
         if want is None:
             if os.path.lexists(target):
-                swap(root, target, None, params.get("pid"))
+                put(target, None)
             continue
-        if item.get("content") is None:
-            return {"failure": f"build: no content for {target}", "notes": notes}
-        swap(root, target, base64.b64decode(item["content"]), params.get("pid"))
-    for item in params.get("caches") or ():
+        content = _content(item)
+        if content is None:
+            return "build: no content for {}".format(item.get("key") or target)
+        put(target, content)
+    return None
+
+
+def _caches(items, where):
+    notes = []
+    for item in items:
         dest, src = item["dest"], item.get("src")
         if os.path.lexists(dest):
             shutil.rmtree(dest)
@@ -359,9 +421,46 @@ def op_realize(params):
             os.makedirs(dest)
             if src:
                 notes.append(
-                    "caches {}: {} is gone on the target; running cold".format(item["name"], src)
+                    "caches {}: {} is gone{}; running cold".format(item["name"], src, where)
                 )
-    return {"failure": None, "notes": notes}
+    return notes
+
+
+def apply(params, put, record, log=None):
+    """Make one state's worktrees, file swaps and cache dirs real.
+
+    The one executor of a plan, for the agent process (:func:`op_realize`) and for local
+    targets, which call it in-process with the host's journal as ``put`` and the session
+    log as ``record`` (see ``bisect.actuate``); ``log`` gets git's messages."""
+    where = params.get("where", " on the target")
+    for repo, head, path in params.get("worktrees") or ():
+        failure = _worktree(repo, head, path, where, record, log)
+        if failure:
+            return {"failure": failure, "notes": []}
+    failure = _swaps(params.get("swaps") or (), put)
+    if failure:
+        return {"failure": failure, "notes": []}
+    return {"failure": None, "notes": _caches(params.get("caches") or (), where)}
+
+
+def _echo(text):
+    sys.stderr.write(text)
+
+
+def op_realize(params):
+    root = params["root"]
+    os.makedirs(root, exist_ok=True)
+    # A swap left by a process that died (kill -9, then --resume) must not leak into this
+    # state: every trial starts from the target's own files.
+    _restored, notes = restore(root)
+    out = apply(
+        params,
+        lambda target, content: swap(root, target, content, params.get("pid")),
+        lambda repo, path: _record_worktree(root, repo, path),
+        _echo,
+    )
+    out["notes"] = notes + out["notes"]
+    return out
 
 
 # ---- cleanup -----------------------------------------------------------------------------
@@ -379,7 +478,7 @@ def op_cleanup(params):
         if repo not in repos:
             repos.append(repo)
         if os.path.exists(path):
-            _git(repo, "worktree", "remove", "--force", path)
+            _git(repo, "worktree", "remove", "--force", path, timeout=600)
             if os.path.exists(path):
                 shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

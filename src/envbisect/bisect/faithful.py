@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from envbisect.agent.redact import is_redacted
 from envbisect.agent.redact import redact_env as redact_env_value
+from envbisect.bisect.entries import FileEntry, GitEntry, PackageEntry
 from envbisect.errors import TransportError
 from envbisect.transport import Transport
 
@@ -71,17 +73,9 @@ class StateCheck:
         }
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", str(name)).lower()
-
-
 def _version(value: Any) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        v = value.get("version")
-        return None if v is None else str(v)
-    return str(value)
+    entry = PackageEntry.of(value)
+    return None if entry is None else entry.version
 
 
 def expected_facts(
@@ -103,10 +97,14 @@ def expected_facts(
     names: dict[str, str] = {}
     for m in (good, bad):
         for name in m.section("packages"):
-            names.setdefault(_norm(name), str(name))
-    chosen = {_norm(k): v for (s, k), (_src, v) in values.items() if s == "packages"}
-    bad_pkgs = {_norm(k): v for k, v in bad.section("packages").items()}
-    good_pkgs = {_norm(k): v for k, v in good.section("packages").items()}
+            names.setdefault(canonicalize_name(name), str(name))
+    chosen: dict[str, Any] = {
+        canonicalize_name(k): v for (s, k), (_src, v) in values.items() if s == "packages"
+    }
+    bad_pkgs: dict[str, Any] = {canonicalize_name(k): v for k, v in bad.section("packages").items()}
+    good_pkgs: dict[str, Any] = {
+        canonicalize_name(k): v for k, v in good.section("packages").items()
+    }
     for name in sorted(names):
         if name in chosen:
             value = chosen[name]
@@ -117,9 +115,10 @@ def expected_facts(
         out[("packages", name)] = _version(value)
     for (section, key), (_src, value) in sorted(values.items()):
         if section == "files":
-            out[("files", where.get(key, key))] = None if value is None else value.get("sha256")
+            entry = FileEntry.of(value)
+            out[("files", where.get(key, key))] = None if entry is None else entry.sha256
         elif section == "git":
-            out[("git", where.get(key, key))] = (value or {}).get("head")
+            out[("git", where.get(key, key))] = GitEntry.of(value).head
         elif section == "env":
             out[("env", key)] = None if value is None else value
     return out
@@ -127,46 +126,74 @@ def expected_facts(
 
 def compare(expected: Mapping[tuple[str, str], Any], sections: Mapping[str, Any]) -> list[str]:
     """The differences between ``expected`` and a collected snapshot's ``sections``."""
+    packages = {canonicalize_name(k): v for k, v in (sections.get("packages") or {}).items()}
+    got = {**sections, "packages": packages}
     diffs: list[str] = []
-    packages = {_norm(k): v for k, v in (sections.get("packages") or {}).items()}
     for (section, key), want in expected.items():
-        if section == "python":
-            got = (sections.get("python") or {}).get(key)
-            if got is not None and str(got) != want:
-                diffs.append(f"python {key} {got}, expected {want}")
-        elif section == "packages":
-            have = _version(packages.get(key))
-            if have != want:
-                diffs.append(
-                    f"packages {key} {have or 'absent'}, expected {want or 'absent'}"
-                    + (" (a copy outside the state's venv shadows it?)" if have and want else "")
-                )
-        elif section == "files":
-            entry = (sections.get("files") or {}).get(key) or {}
-            have = entry.get("sha256")
-            if have != want:
-                diffs.append(
-                    f"files {key} {_short(have) or 'absent'}, expected {_short(want) or 'absent'}"
-                )
-        elif section == "git":
-            entry = (sections.get("git") or {}).get(key) or {}
-            have = entry.get("head")
-            if have != want:
-                why = entry.get("error")
-                got = _short(have) or (f"unreadable ({why})" if why else "no commit")
-                diffs.append(f"git {key} at {got}, expected {_short(want)}")
-        elif section == "env":
-            have = (sections.get("env") or {}).get(key)
-            if is_redacted(want):
-                # A secret the trial passed through: the environment must hold the value
-                # whose hash the manifest recorded.
-                if _env_hash(have, str(want["redacted"])) != want["redacted"]:
-                    diffs.append(f"env {key} {_env_text(have)}, expected {_env_text(want)}")
-                continue
-            shown = want if want is None else redact_env_value(key, str(want))
-            if have != shown:
-                diffs.append(f"env {key} {_env_text(have)}, expected {_env_text(shown)}")
+        check = _CHECKS.get(section)
+        line = check(key, want, got.get(section) or {}) if check is not None else None
+        if line:
+            diffs.append(line)
     return diffs
+
+
+def _python_diff(key: str, want: Any, got: Mapping[str, Any]) -> str | None:
+    have = got.get(key)
+    if have is not None and str(have) != want:
+        return f"python {key} {have}, expected {want}"
+    return None
+
+
+def _package_diff(key: str, want: Any, got: Mapping[str, Any]) -> str | None:
+    have = _version(got.get(key))
+    if have == want:
+        return None
+    return f"packages {key} {have or 'absent'}, expected {want or 'absent'}" + (
+        " (a copy outside the state's venv shadows it?)" if have and want else ""
+    )
+
+
+def _file_diff(key: str, want: Any, got: Mapping[str, Any]) -> str | None:
+    entry = FileEntry.of(got.get(key))
+    have = entry.sha256 if entry is not None else None
+    if have == want:
+        return None
+    return f"files {key} {_short(have) or 'absent'}, expected {_short(want) or 'absent'}"
+
+
+def _git_diff(key: str, want: Any, got: Mapping[str, Any]) -> str | None:
+    raw = got.get(key) or {}
+    have = GitEntry.of(raw).head
+    if have == want:
+        return None
+    why = (
+        raw.get("error") if isinstance(raw, Mapping) else None
+    )  # the collector's, not a manifest's
+    shown = _short(have) or (f"unreadable ({why})" if why else "no commit")
+    return f"git {key} at {shown}, expected {_short(want)}"
+
+
+def _env_diff(key: str, want: Any, got: Mapping[str, Any]) -> str | None:
+    have = got.get(key)
+    if is_redacted(want):
+        # A secret the trial passed through: the environment must hold the value whose hash
+        # the manifest recorded.
+        if _env_hash(have, str(want["redacted"])) != want["redacted"]:
+            return f"env {key} {_env_text(have)}, expected {_env_text(want)}"
+        return None
+    shown = want if want is None else redact_env_value(key, str(want))
+    if have != shown:
+        return f"env {key} {_env_text(have)}, expected {_env_text(shown)}"
+    return None
+
+
+_CHECKS = {
+    "python": _python_diff,
+    "packages": _package_diff,
+    "files": _file_diff,
+    "git": _git_diff,
+    "env": _env_diff,
+}
 
 
 def _env_hash(value: Any, like: str) -> str | None:

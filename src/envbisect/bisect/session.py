@@ -23,13 +23,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect import gitcli
 from envbisect.agent import journal
 from envbisect.agent.redact import redact_tree
 from envbisect.errors import SessionError
@@ -387,18 +387,12 @@ class Session:
         for repo, path in self.worktrees():
             repos.add(repo)
             if path.exists():
-                subprocess.run(
-                    ["git", "-C", str(repo), "worktree", "remove", "--force", str(path)],
-                    capture_output=True,
-                    check=False,
-                )
+                gitcli.remove_worktree(repo, path)
                 if path.exists():
                     shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
         for repo in repos:
-            subprocess.run(
-                ["git", "-C", str(repo), "worktree", "prune"], capture_output=True, check=False
-            )
+            gitcli.prune_worktrees(repo)
         return removed
 
     def reset(self) -> ResetReport:
