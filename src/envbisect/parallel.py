@@ -83,7 +83,6 @@ def worker_actuators(
             python=w.python or base.python,
             _target=None,
             _commits={},
-            _worktrees={},
             _blocked=None,
             _facts=None,
             _remote_dirty=False,

@@ -222,7 +222,6 @@ class Actuator:
     _target: TargetEnv | None = None
     _commits: dict[str, list[str]] = field(default_factory=dict)
     # Unused since worktrees are found by path; parallel.worker_actuators still resets it.
-    _worktrees: dict[tuple[str, str], Path] = field(default_factory=dict)
     _blocked: frozenset[str] | None = None
     _facts: Facts | None = None  # the target's answers to the realizers' questions
     _remote_dirty: bool = False  # remote: files may be swapped there right now
@@ -619,7 +618,6 @@ class Actuator:
         and, for a remote target, there."""
         self.restore()
         self.session.remove_worktrees()
-        self._worktrees.clear()
         self._executor().cleanup()
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from envbisect.agent import actuate_remote
 from envbisect.failure import Failure
-from envbisect.transport import RunResult
+from envbisect.transport import ProcessResult
 
 if TYPE_CHECKING:
     from envbisect.bisect.actuate import Actuator
@@ -157,7 +157,7 @@ class RemoteExecutor:
         self.act._remote_dirty = False
 
 
-def _stderr(res: RunResult) -> str:
+def _stderr(res: ProcessResult) -> str:
     try:
         return res.stderr_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
