@@ -78,23 +78,17 @@ def test_a_registered_section_is_used_by_diff(monkeypatch: pytest.MonkeyPatch) -
     [(FileEntry, {}), (GitEntry, {}), (ProbeEntry, {}), (CacheEntry, {}), (DataEntry, {})],
 )
 def test_entries_tolerate_missing_fields(entry_type: type, raw: dict) -> None:
-    entry = entry_type.from_raw(raw)
+    entry = entry_type.of(raw)
     assert entry is not None
 
 
 def test_entry_descriptions() -> None:
-    assert GitEntry.from_raw({"head": "a" * 40, "branch": "main"}).describe() == (
-        "aaaaaaaaaaaa (main)"
-    )
-    dirty = GitEntry.from_raw({"head": "b" * 40, "dirty": True, "diff_sha256": "c" * 64})
+    assert GitEntry.of({"head": "a" * 40, "branch": "main"}).describe() == ("aaaaaaaaaaaa (main)")
+    dirty = GitEntry.of({"head": "b" * 40, "dirty": True, "diff_sha256": "c" * 64})
     assert dirty.describe() == "bbbbbbbbbbbb +uncommitted cccccccc"
-    assert CacheEntry.from_raw({"exists": False}).describe() == "missing"
-    assert CacheEntry.from_raw({"files": 0}).describe() == "empty"
-    assert CacheEntry.from_raw({"files": 1200, "bytes": 3_500_000}).describe() == (
-        "1,200 files, 3.5 MB"
-    )
-    assert DataEntry.from_raw({"records": 1000, "size": 2000}).describe() == (
-        "1,000 records, 2.0 KB"
-    )
-    assert FileEntry.from_raw(None) is None
-    assert GitEntry.from_raw(None) == GitEntry()
+    assert CacheEntry.of({"exists": False}).describe() == "missing"
+    assert CacheEntry.of({"files": 0}).describe() == "empty"
+    assert CacheEntry.of({"files": 1200, "bytes": 3_500_000}).describe() == ("1,200 files, 3.5 MB")
+    assert DataEntry.of({"records": 1000, "size": 2000}).describe() == ("1,000 records, 2.0 KB")
+    assert FileEntry.of(None) is None
+    assert GitEntry.of(None) == GitEntry()

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from envbisect import gitcli
-from envbisect.bisect.entries import FileEntry, GitEntry, PackageEntry
+from envbisect.sections.files import FileEntry
+from envbisect.sections.git import GitEntry
+from envbisect.sections.packages import PackageEntry
 
 DIFF_LINES = 80  # lines of a content diff shown before "… N more lines"
 COMMITS = 20  # commit subjects shown before "… N more commits"

@@ -50,7 +50,7 @@ Changes of the ``torch`` and ``probes`` sections are facts that follow from pack
 files; they need no actuator of their own. Everything else (system, gpu, python, ...) is
 reported, never bisected.
 
-How: each section's realizer (``bisect.realizers``, looked up by section name) turns the
+How: each section's realizer (``sections.<name>``, looked up by section name) turns the
 state's values into one plan (worktrees, file swaps, cache dirs, the overlay venv, the
 environment, argv path rewrites), the same for every target; an executor
 (``bisect.execute``) carries it out with the operation code of
@@ -82,28 +82,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect import sections
 from envbisect.agent.actuate_remote import FAILED, READY
 from envbisect.agent.journal import sha256_of
 from envbisect.agent.redact import is_redacted
-from envbisect.bisect.entries import FileEntry, GitEntry
 from envbisect.bisect.execute import Executor, LocalExecutor, RemoteExecutor
-from envbisect.bisect.realizers import (
-    CACHE_ENV,
-    REALIZERS,
-    Context,
-    FactQuery,
-    Facts,
-    Sandbox,
-    make_plan,
-)
 from envbisect.bisect.session import Session
 from envbisect.errors import ActuationError, TransportError
 from envbisect.failure import Failure
 from envbisect.manifest import Manifest
+from envbisect.realize import Context, FactQuery, Facts, Sandbox, make_plan, realizers
+from envbisect.sections.caches import CACHE_ENV
+from envbisect.sections.files import FileEntry
+from envbisect.sections.git import GitEntry
 from envbisect.transport import Layer, Transport
 
+REALIZERS = realizers()  # section → its realizer, in plan order (from the section modules)
 ACTIONABLE = tuple(REALIZERS)  # packages, git, files, env, caches, data
-DERIVED = ("torch", "probes")
+DERIVED = tuple(s.name for s in sections.known() if s.derived)  # torch, probes
 
 # FAILED/READY (the venv markers) and CACHE_ENV live with the code that uses them; kept here.
 __all__ = [

@@ -1,4 +1,4 @@
-"""Executors: a state's plan (``bisect.realizers``) made real by the agent's operation code.
+"""Executors: a state's plan (``envbisect.realize``) made real by the agent's operation code.
 
 One interface, two ways to reach the code in ``envbisect.agent.actuate_remote``:
 
@@ -30,7 +30,7 @@ from envbisect.transport import ProcessResult
 
 if TYPE_CHECKING:
     from envbisect.bisect.actuate import Actuator
-    from envbisect.bisect.realizers import Plan
+    from envbisect.realize import Plan
 
 # uv's own time limits (a cold uv cache may download a large wheel).
 VENV_TIMEOUT_S = 300

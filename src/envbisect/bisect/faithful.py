@@ -33,8 +33,10 @@ from packaging.utils import canonicalize_name
 
 from envbisect.agent.redact import is_redacted
 from envbisect.agent.redact import redact_env as redact_env_value
-from envbisect.bisect.entries import FileEntry, GitEntry, PackageEntry
 from envbisect.errors import TransportError
+from envbisect.sections.files import FileEntry
+from envbisect.sections.git import GitEntry
+from envbisect.sections.packages import PackageEntry
 from envbisect.transport import Transport
 
 AGENT = "envbisect.collect.collector"

@@ -4,10 +4,12 @@ Each module defines a :class:`Section` subclass and registers it with :func:`reg
 how its entries are read (a small frozen entry type), compared and described (``compare``),
 how its changes become units (``unit``, ``refine``, and for sections whose rules span
 several changes ``claim`` and ``regroup``) and why one is not bisectable (``reason``).
-``diff`` walks the registry; nothing outside a section's module asks ``section == ...``.
-How a unit is realized in a trial lives with the actuator (``envbisect.bisect.realizers``),
-keyed by the same section names. The collectors stay in the stdlib-only agent
-(``envbisect.collect.collector``), one ``collect_<section>`` each.
+A bisectable section's module also holds its realizer (``realizer``): how a state's value
+of the section is realized in a trial, as a part of a plan (``envbisect.realize``, no I/O),
+which the actuator's executor carries out locally or on a remote target. ``diff``, the
+blocker and the plan builder walk this registry instead of ``if section == ...`` chains.
+The collectors stay in the stdlib-only agent (``envbisect.collect.collector``), one
+``collect_<section>`` each.
 
 Adding a section: a new module here with its Section subclass (and its test file); the
 package imports every module in this folder, so nothing else needs to change.
@@ -20,10 +22,13 @@ import importlib
 import pkgutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from envbisect.changes import Change, Found, Unit, differing, scalar_change
 from envbisect.manifest import Manifest
+
+if TYPE_CHECKING:
+    from envbisect.realize import Realizer
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,11 @@ class Section:
     # Collection fails for the whole section at once (nvidia-smi, torch/version.py ...):
     # a section-wide error in meta.errors explains any entry missing on that side.
     fails_whole: ClassVar[bool] = False
+    # How a state's value of this section is realized (None: nothing to realize; reported).
+    realizer: ClassVar[Realizer | None] = None
+    # Facts that follow from other sections (torch from packages, probes from files): a
+    # unit made only of them has nothing to realize, and needs no realizer to be moved.
+    derived: ClassVar[bool] = False
 
     def diff(self, src: tuple[str, str], g: Any, b: Any) -> Iterator[Found]:
         """What differs between the two sides' raw section values."""

@@ -2,22 +2,25 @@
 files, bytes, digest, subdirs}``. A change is a cache that was emptied, filled, moved or
 whose subdirectories changed; a digest that moved with only mtimes is volatile. Realized as
 a fresh (cold) or copied (warm) cache dir per trial, pointed to by the cache's environment
-variable (``bisect.realizers``).
+variable (its realizer, below).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envbisect.changes import Found, entry_pairs, error_of, human_bytes
+from envbisect.realize import CacheDir, Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import Section, register
+
+CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
 
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One compile cache as a manifest records it."""
+    """A ``caches:`` entry: the directory and what it held."""
 
     path: Any = None
     exists: Any = None
@@ -26,7 +29,13 @@ class CacheEntry:
     subdirs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> CacheEntry:
+    def of(cls, value: Any) -> CacheEntry | None:
+        """The entry of ``value`` (None when the state recorded no such cache)."""
+        return cls.read(value) if isinstance(value, Mapping) else None
+
+    @classmethod
+    def read(cls, raw: Mapping[str, Any]) -> CacheEntry:
+        """The entry of a recorded cache."""
         return cls(
             raw.get("path"),
             raw.get("exists"),
@@ -34,6 +43,13 @@ class CacheEntry:
             raw.get("bytes"),
             raw.get("subdirs") or {},
         )
+
+    @property
+    def warm(self) -> bool:
+        """True when the cache held files (the file count when known, else its bytes)."""
+        if self.exists is False:
+            return False
+        return bool(self.files) if self.files is not None else bool(self.bytes)
 
     def describe(self) -> str:
         """``N files, SIZE`` / ``empty`` / ``missing``."""
@@ -50,7 +66,7 @@ class CacheEntry:
 
 
 def _shown(raw: dict[str, Any]) -> str:
-    return error_of(raw) or CacheEntry.from_raw(raw).describe()
+    return error_of(raw) or CacheEntry.read(raw).describe()
 
 
 def _subdir_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[int, int, int, int]:
@@ -83,12 +99,59 @@ def _notes(old: CacheEntry, new: CacheEntry, shown: tuple[Any, Any]) -> tuple[li
     return notes, digest_only
 
 
+def is_warm(value: Any) -> bool:
+    """True when ``value`` (a raw ``caches:`` entry) is a warm cache."""
+    entry = CacheEntry.of(value)
+    return entry is not None and entry.warm
+
+
+# ---- realizing-------------------------------------------------------------------------
+
+
+class CachesRealizer:
+    """Every known compile cache points into the trial's sandbox: a copy of the recorded dir
+    (warm) or a fresh empty one (cold); the user's own cache is never written to."""
+
+    section = "caches"
+    order = 4
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
+        for value in (old, new):
+            entry = CacheEntry.of(value)
+            if entry is not None and entry.path:
+                query.dirs.add(entry.path)
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        if key not in CACHE_ENV:
+            return f"caches {key}: no environment variable points it elsewhere"
+        for side, value in (("good", old), ("bad", new)):
+            entry = CacheEntry.of(value)
+            if entry is not None and entry.warm and not ctx.facts().dirs.get(entry.path or ""):
+                return (
+                    f"caches {key}: the {side} state had a warm cache at "
+                    f"{entry.path} which no longer holds files"
+                )
+        return None
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        dirs: list[CacheDir] = []
+        env: dict[str, str] = {}
+        for name, var in CACHE_ENV.items():
+            value = values[name][1] if name in values else ctx.bad.section("caches").get(name)
+            entry = CacheEntry.of(value)
+            warm = (entry.path or "") if entry is not None and is_warm(value) else None
+            dirs.append(CacheDir(name, f"{sandbox.trial}/caches/{name}", warm))
+            env[var] = dirs[-1].dest
+        return replace(plan, caches=plan.caches + tuple(dirs)).with_env(env)
+
+
 @register
 class Caches(Section):
     name = "caches"
     word = "cache"
     rank = 6
     bisectable = True
+    realizer = CachesRealizer()
 
     def compare(
         self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
@@ -97,7 +160,7 @@ class Caches(Section):
             if pair.old is None or pair.new is None:
                 yield Found(pair.change(self.name))
                 continue
-            old, new = CacheEntry.from_raw(pair.old), CacheEntry.from_raw(pair.new)
+            old, new = CacheEntry.read(pair.old), CacheEntry.read(pair.new)
             notes, digest_only = _notes(old, new, (pair.shown_old, pair.shown_new))
             if not notes and old.facts() == new.facts() and pair.shown_old == pair.shown_new:
                 # Same files, sizes and subdirectories: only mtimes moved the digest.

@@ -20,6 +20,7 @@ from envbisect.changes import (
     human_bytes,
     strip_volatile,
 )
+from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, Section, register
 
 
@@ -32,7 +33,7 @@ class DataEntry:
     fingerprint: Any = None
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> DataEntry:
+    def of(cls, raw: Mapping[str, Any]) -> DataEntry:
         return cls(raw.get("size"), raw.get("records"), raw.get("fingerprint"))
 
     def describe(self) -> str:
@@ -44,7 +45,43 @@ class DataEntry:
 
 
 def _shown(raw: dict[str, Any]) -> str:
-    return error_of(raw) or DataEntry.from_raw(raw).describe()
+    return error_of(raw) or DataEntry.of(raw).describe()
+
+
+# ---- realizing-------------------------------------------------------------------------
+
+
+class DataRealizer:
+    """The old version of a dataset, where ``data_map`` says it lives: argv rewritten to it
+    and ``ENVBISECT_DATA_<n>`` naming the path to use."""
+
+    section = "data"
+    order = 5
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
+        query.exists.update(str(v) for v in ctx.data_map.values())
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        mapped = ctx.data_map.get(key)
+        if not mapped or not ctx.facts().exists.get(mapped):
+            return (
+                f"data {key}: the other version is not available; "
+                "name where it lives under data_map: in envbisect.yaml"
+            )
+        return None
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        data_keys = sorted(str(k) for k in (ctx.bad.section("data") or {}))
+        path_map: list[tuple[str, str]] = []
+        env: dict[str, str] = {}
+        for key, (source, _value) in values.items():
+            use = key
+            if source is ctx.good and key in ctx.data_map:
+                use = ctx.data_map[key]
+                path_map.append((key, use))
+            if key in data_keys:
+                env[f"ENVBISECT_DATA_{data_keys.index(key)}"] = use
+        return replace(plan, path_map=plan.path_map + tuple(path_map)).with_env(env)
 
 
 @register
@@ -52,6 +89,7 @@ class Data(Section):
     name = "data"
     rank = 5
     bisectable = True
+    realizer = DataRealizer()
     reason = (
         "bisectable only where envbisect.yaml's data_map says where the old dataset lives; "
         "run decides"

@@ -4,7 +4,7 @@ A redacted value (a secret) compares by its hash only: a plain value on one side
 and compared to the other side's prefix. A plain value that a snapshot would redact today
 (an older or hand-written manifest) is shown redacted too, by the same rules
 (``envbisect.agent.redact``). An env unit is bisectable unless the good value is redacted
-(it cannot be set again). Realized in the per-trial environment (``bisect.realizers``).
+(it cannot be set again). Realized in the per-trial environment (its realizer, below).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from envbisect.agent.redact import is_redacted, redact_env
 from envbisect.changes import Change, ChangeKind, Found, Unit, keys
+from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import Section, register
 
 REDACTED_GOOD_REASON = "the good value is redacted in the manifest, so it cannot be set again"
@@ -36,11 +37,47 @@ def env_equal(old: Any, new: Any) -> bool:
     return False
 
 
+# ---- realizing-------------------------------------------------------------------------
+
+
+class EnvRealizer:
+    """Each env unit's variable set to the state's value, or unset; a redacted value is
+    passed through from the environment envbisect runs in."""
+
+    section = "env"
+    order = 3
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
+        return None
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        for side, value in (("good", old), ("bad", new)):
+            if not is_redacted(value) or (side == "bad" and ctx.env_holds(key, value)):
+                continue
+            why = (
+                "so it cannot be set"
+                if side == "good"
+                else f"and {key} {ctx.here} is not that value, so it cannot be set"
+            )
+            return (
+                f"env {key}: the {side} value is a secret, redacted in the manifest, {why}; "
+                f"every trial passes {key} through from your environment unchanged"
+            )
+        return None
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        unset = tuple(key for key, (_s, value) in values.items() if value is None)
+        set_ = {key: value for key, (_s, value) in values.items() if isinstance(value, str)}
+        # Anything else is redacted, and (see blocker) the environment already holds it.
+        return plan.with_env(set_, unset)
+
+
 @register
 class Env(Section):
     name = "env"
     rank = 4
     bisectable = True
+    realizer = EnvRealizer()
 
     def compare(
         self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]

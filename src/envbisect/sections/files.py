@@ -2,16 +2,19 @@
 stored content (``blobs/<sha256>``). A change is a content change (sha256); a file is
 bisectable when it was added or either side stored its content. A file inside a recorded
 repo whose commit changed moves with that repo (``git``). Realized by writing the content
-into the state's worktree or swapping it in place, journaled (``bisect.realizers``).
+into the state's worktree or swapping it in place, journaled (its realizer, below).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from envbisect.changes import METADATA_NOTE, ChangeKind, Found, Unit, entry_pairs, error_of
+from envbisect.realize import Context, FactQuery, Plan, Sandbox, Swap, Values
 from envbisect.sections import DiffContext, Section, register
 
 NO_CONTENT_REASON = (
@@ -21,23 +24,80 @@ NO_CONTENT_REASON = (
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file as a manifest records it."""
+    """A ``files:`` entry: the content's sha256, its size and the stored blob's name."""
 
     sha256: str | None = None
     size: int | None = None
     blob: str | None = None
-    error: str | None = None
 
     @classmethod
-    def from_raw(cls, raw: Any) -> FileEntry | None:
-        """None for a side without the file (or a value that is no entry)."""
-        if not isinstance(raw, Mapping):
+    def of(cls, value: Any) -> FileEntry | None:
+        """The entry of ``value`` (None: the file is absent in that state)."""
+        if not isinstance(value, Mapping):
             return None
-        return cls(raw.get("sha256"), raw.get("size"), raw.get("blob"), raw.get("error"))
+        sha, blob, size = value.get("sha256"), value.get("blob"), value.get("size")
+        return cls(
+            sha256=None if sha is None else str(sha),
+            size=size if isinstance(size, int) else None,
+            blob=str(blob) if blob else None,
+        )
+
+    @property
+    def blob_name(self) -> str | None:
+        """The file name of the stored content: the blob field, else the sha256."""
+        return self.blob or self.sha256 or None
+
+    @property
+    def content_sha(self) -> str | None:
+        """What the stored content must hash to (the sha256, else the blob's name)."""
+        return self.sha256 or self.blob_name
 
 
 def _shown(raw: dict[str, Any]) -> Any:
     return error_of(raw) or raw.get("sha256")
+
+
+# ---- realizing-------------------------------------------------------------------------
+
+
+class FilesRealizer:
+    """Content from the blob store, written into the state's worktree when the file is in a
+    repo that has one, else swapped in place after journaling the original."""
+
+    section = "files"
+    order = 2
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
+        query.sha256.add(key)
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        for manifest, value in ((ctx.good, old), (ctx.bad, new)):
+            entry = FileEntry.of(value)
+            if entry is None or ctx.facts().sha256.get(key) == entry.sha256:
+                continue
+            if ctx.blob(manifest, entry) is None:
+                return (
+                    f"files {key}: no stored content for sha256 "
+                    f"{str(entry.sha256)[:12]} of "
+                    f"{manifest.path or 'the manifest'} (looked in "
+                    f"{ctx.blob_places(manifest) or 'no blob folder'}; snapshot with "
+                    "keep_blobs: true)"
+                )
+        return None
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        swaps: list[Swap] = []
+        for key, (source, value) in sorted(values.items()):
+            target = key
+            for repo, _head, path in plan.worktrees:
+                with contextlib.suppress(ValueError):
+                    target = str(Path(path) / Path(key).relative_to(repo))
+                    break
+            entry = FileEntry.of(value)
+            want = entry.sha256 if entry is not None else None
+            blob = ctx.blob(source, entry) if entry is not None and want is not None else None
+            swaps.append(Swap(path=target, sha256=want, key=key, blob=blob))
+        return replace(plan, swaps=plan.swaps + tuple(swaps))
 
 
 @register
@@ -46,12 +106,13 @@ class Files(Section):
     word = "file"
     rank = 2
     bisectable = True
+    realizer = FilesRealizer()
 
     def compare(
         self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
     ) -> Iterator[Found]:
         for pair in entry_pairs(self.name, src, g, b, _shown):
-            old, new = FileEntry.from_raw(pair.old), FileEntry.from_raw(pair.new)
+            old, new = FileEntry.of(pair.old), FileEntry.of(pair.new)
             if old is None or new is None:
                 yield Found(pair.change(self.name))
             elif pair.shown_old == pair.shown_new and old.size == new.size:
@@ -67,6 +128,6 @@ class Files(Section):
         if change.kind is ChangeKind.ADDED:
             return unit
         sides = (ctx.entries(s, self.name).get(change.key) for s in ("good", "bad"))
-        if any(e is not None and e.blob for e in map(FileEntry.from_raw, sides)):
+        if any(e is not None and e.blob for e in map(FileEntry.of, sides)):
             return unit
         return replace(unit, bisectable=False, reason=NO_CONTENT_REASON)

@@ -3,13 +3,16 @@ A change is a new commit (shown as ``head (branch)``), uncommitted changes (by h
 different set of untracked files. A repo is bisectable unless the good side was dirty (its
 uncommitted changes are known by hash only); a git unit found guilty is narrowed over the
 commits between the two heads. A changed file that the repo tracks moves with it (see
-:meth:`Git.regroup`). Realized as a worktree at the state's commit (``bisect.realizers``).
+:meth:`Git.regroup`). Realized as a worktree at the state's commit (its realizer, below).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from envbisect.changes import (
@@ -22,6 +25,7 @@ from envbisect.changes import (
     entry_pairs,
     error_of,
 )
+from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, Section, register
 from envbisect.sections.files import NO_CONTENT_REASON
 
@@ -34,27 +38,26 @@ DIRTY_REASON = (
 
 @dataclass(frozen=True)
 class GitEntry:
-    """One repo as a manifest records it."""
+    """A ``git:`` entry: the commit checked out, the branch, whether the tree was dirty."""
 
     head: str | None = None
     branch: str | None = None
     dirty: bool = False
     diff_sha256: str | None = None
     untracked: Any = None
-    error: str | None = None
 
     @classmethod
-    def from_raw(cls, raw: Any) -> GitEntry:
-        """An entry; a side without the repo reads as an empty one."""
-        if not isinstance(raw, Mapping):
+    def of(cls, value: Any) -> GitEntry:
+        """The entry of ``value``; an absent or malformed one has no head."""
+        if not isinstance(value, Mapping):
             return cls()
+        head, branch = value.get("head"), value.get("branch")
         return cls(
-            raw.get("head"),
-            raw.get("branch"),
-            bool(raw.get("dirty")),
-            raw.get("diff_sha256"),
-            raw.get("untracked"),
-            raw.get("error"),
+            head=str(head) if head else None,
+            branch=str(branch) if branch else None,
+            dirty=bool(value.get("dirty")),
+            diff_sha256=value.get("diff_sha256"),
+            untracked=value.get("untracked"),
         )
 
     def describe(self) -> str:
@@ -67,7 +70,7 @@ class GitEntry:
 
 
 def _shown(raw: dict[str, Any]) -> str:
-    return error_of(raw) or GitEntry.from_raw(raw).describe()
+    return error_of(raw) or GitEntry.of(raw).describe()
 
 
 def repo_of(path: str, repos: Iterable[str]) -> str | None:
@@ -76,12 +79,66 @@ def repo_of(path: str, repos: Iterable[str]) -> str | None:
     return max(inside, key=len) if inside else None
 
 
+# ---- realizing-------------------------------------------------------------------------
+
+
+class GitRealizer:
+    """A detached worktree at the state's commit; the command's cwd and argv move into it."""
+
+    section = "git"
+    order = 1
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
+        heads = [GitEntry.of(v).head for v in (old, new)]
+        query.commits.update((key, h) for h in heads if h)
+        if heads[0] and heads[1]:
+            query.revlists.add((key, heads[0], heads[1]))
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        for value in (old, new):
+            head = GitEntry.of(value).head
+            if not head or not ctx.facts().commits.get((key, head)):
+                return f"git {key}: commit {str(head)[:12]} is not in that repo"
+        return None
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        worktrees: list[tuple[str, str, str]] = []
+        for key, (_src, value) in sorted(values.items()):
+            head = GitEntry.of(value).head
+            if not head:
+                return plan.failed(f"git {key}: the state has no commit")
+            worktrees.append((key, head, f"{sandbox.root}/worktrees/{worktree_name(key, head)}"))
+        if not worktrees:
+            return plan
+        plan = replace(
+            plan,
+            worktrees=plan.worktrees + tuple(worktrees),
+            path_map=plan.path_map + tuple((repo, path) for repo, _h, path in worktrees),
+        )
+        mapped = None
+        for repo, _head, path in worktrees:
+            with contextlib.suppress(ValueError):
+                mapped = Path(path) / sandbox.origin.relative_to(repo)
+        if mapped is None and len(worktrees) == 1:
+            mapped = Path(worktrees[0][2])
+        if mapped is None:
+            return plan
+        return replace(plan, cwd=mapped).with_env({"PWD": str(mapped)})
+
+
+def worktree_name(repo: str, head: str) -> str:
+    """The directory name of ``repo``'s worktree at ``head`` (unique per repo path)."""
+    tag = hashlib.sha256(str(repo).encode()).hexdigest()[:8]
+    return f"{Path(repo).name}-{tag}-{head[:12]}"
+
+
 @register
 class Git(Section):
     name = "git"
     word = "git repo"
     rank = 3
     bisectable = True
+    realizer = GitRealizer()
 
     def compare(
         self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
@@ -90,7 +147,7 @@ class Git(Section):
             if not pair.both:
                 yield Found(pair.change(self.name))
                 continue
-            old, new = GitEntry.from_raw(pair.old), GitEntry.from_raw(pair.new)
+            old, new = GitEntry.of(pair.old), GitEntry.of(pair.new)
             note = None
             if old.untracked != new.untracked:
                 note = f"untracked {count(old.untracked)} → {count(new.untracked)}"
@@ -147,4 +204,4 @@ class Git(Section):
         }
 
     def _entry(self, ctx: DiffContext, side: str, repo: str) -> GitEntry:
-        return GitEntry.from_raw(ctx.entries(side, self.name).get(repo))
+        return GitEntry.of(ctx.entries(side, self.name).get(repo))

@@ -2,14 +2,19 @@
 direct_url}}``. A change is a version change (compared with ``packaging.version``; a changed
 local label such as ``+cu128`` → ``+cu130`` is named in the note) or, at one version, a
 changed install (editable, direct URL). Each package is a unit of its own, except the torch
-stack's wheels (``torch_stack``). Realized by an overlay venv (``bisect.realizers``).
+stack's wheels (``torch_stack``). Realized by an overlay venv (its realizer, below).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from packaging.utils import canonicalize_name
 
 from envbisect.changes import (
     VOLATILE_KEYS,
@@ -19,20 +24,47 @@ from envbisect.changes import (
     entry,
     entry_pairs,
 )
+from envbisect.failure import Failure
+from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values, VenvSpec
 from envbisect.sections import Section, register
+
+if TYPE_CHECKING:
+    from envbisect.bisect.actuate import TargetEnv
 
 
 @dataclass(frozen=True)
 class PackageEntry:
-    """One distribution as a manifest records it."""
+    """A ``packages:`` entry: a version, or a mapping with the version and how it came."""
 
-    version: Any = None
+    version: str | None = None
     editable: bool = False
-    direct_url: Any = None
+    direct_url: Any = None  # PEP 610 ``direct_url.json`` as recorded (a mapping or a URL)
 
     @classmethod
-    def from_raw(cls, raw: Mapping[str, Any]) -> PackageEntry:
-        return cls(raw.get("version"), bool(raw.get("editable")), raw.get("direct_url"))
+    def of(cls, value: Any) -> PackageEntry | None:
+        """The entry of ``value`` (None: the package is absent in that state)."""
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            return cls(version=str(value))
+        version = value.get("version")
+        return cls(
+            version=None if version is None else str(version),
+            editable=bool(value.get("editable")),
+            direct_url=value.get("direct_url"),
+        )
+
+    def requirement(self, name: str) -> str:
+        """What ``uv pip install`` gets for this entry: a pinned version or a direct URL."""
+        direct = self.direct_url
+        if isinstance(direct, Mapping) and direct.get("url"):
+            vcs = direct.get("vcs_info") or {}
+            if vcs.get("vcs") and vcs.get("commit_id"):
+                return f"{name} @ {vcs['vcs']}+{direct['url']}@{vcs['commit_id']}"
+            return f"{name} @ {direct['url']}"
+        if isinstance(direct, str) and direct:
+            return f"{name} @ {direct}"
+        return f"{name}=={self.version}"
 
 
 def read_package(source: str, name: str, value: Any) -> dict[str, Any] | None:
@@ -52,6 +84,112 @@ def _field_note(field_name: str, old: Mapping[str, Any], new: Mapping[str, Any])
     return f"{field_name} {old.get(field_name)!r} → {new.get(field_name)!r}"
 
 
+# ---- realizing-------------------------------------------------------------------------
+
+
+class PackagesRealizer:
+    """An overlay uv venv per distinct package set (see ``bisect.actuate``), and the
+    interpreter's environment (PATH, VIRTUAL_ENV) for every state."""
+
+    section = "packages"
+    order = 0
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
+        return None  # the probe (installed dists, uv) says everything
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        for value in (old, new):
+            entry = PackageEntry.of(value)
+            if entry is not None and entry.editable:
+                return f"packages {key}: an editable install cannot be rebuilt"
+        if ctx.uv_missing():
+            return (
+                f"packages {key}: uv is not available on the target (not on its "
+                f"PATH, not next to {ctx.python}, not as '{ctx.python} -m uv'); "
+                "install uv there to bisect packages"
+            )
+        return None
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        venv: VenvSpec | None = None
+        if values:
+            venv, failure = self.venv(ctx, sandbox, {k: v for k, (_s, v) in values.items()})
+            if failure:
+                return plan.failed(failure)
+        python = f"{venv.path}/bin/python" if venv is not None else ctx.python
+        plan = replace(plan, python=python, venv=venv)
+        if venv is not None:
+            # The link farm points into the target environment: never write bytecode
+            # through it (existing .pyc files are still read).
+            plan = plan.with_env({"PYTHONDONTWRITEBYTECODE": "1"})
+        if venv is None and not os.path.isabs(ctx.python):
+            return plan
+        plan = plan.with_env({"PATH": f"{os.path.dirname(python)}:{sandbox.path}"})
+        if venv is not None or sandbox.in_venv:
+            prefix = os.path.dirname(os.path.dirname(python))
+            plan = plan.with_env({"VIRTUAL_ENV": prefix}, unset=("PYTHONHOME",))
+        return plan
+
+    @staticmethod
+    def venv(
+        ctx: Context, sandbox: Sandbox, wanted: Mapping[str, Any]
+    ) -> tuple[VenvSpec | None, str | None]:
+        """The overlay venv for ``wanted`` (None: the target itself fits), or a failure."""
+        target = ctx.target()
+        installs: dict[str, str] = {}
+        hides: set[str] = set()
+        for raw_name, value in sorted(wanted.items()):
+            name = canonicalize_name(raw_name)
+            have = target.dists.get(name)
+            entry = PackageEntry.of(value)
+            if entry is None:
+                if have is not None:
+                    hides.add(name)
+                continue
+            if have is not None and str(have["version"]) == str(entry.version):
+                continue
+            installs[name] = entry.requirement(name)
+            if have is not None:
+                hides.add(name)
+        if not installs and not hides:
+            return None, None
+        for hidden in sorted(hides):
+            if target.dists[hidden].get("files") is None:
+                return None, Failure.build(
+                    f"cannot replace or remove {hidden} in {target.python}: "
+                    "its installed files are not listed (no RECORD)"
+                )
+        index_url, extra, links = ctx.index
+        spec = {
+            "python": target.python,
+            "install": installs,
+            "hide": sorted(hides),
+            "index": [index_url, list(extra), list(links)],
+        }
+        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        return VenvSpec(
+            path=f"{sandbox.root}/venvs/{digest}",
+            base=target.base,
+            install=tuple(installs.values()),
+            sites=tuple(target.sites),
+            excluded=_excluded(target, hides),
+            spec=spec,
+        ), None
+
+
+def _excluded(target: TargetEnv, hides: set[str]) -> dict[str, tuple[str, ...]]:
+    """Site directory → the files (per RECORD) of the hidden packages installed there."""
+    excluded: dict[str, set[str]] = {}
+    for name in hides:
+        dist = target.dists[name]
+        paths = excluded.setdefault(os.path.realpath(dist["location"]), set())
+        for f in dist["files"] or ():
+            norm = os.path.normpath(f)
+            if not norm.startswith(".."):
+                paths.add(norm)
+    return {k: tuple(sorted(v)) for k, v in excluded.items()}
+
+
 @register
 class Packages(Section):
     name = "packages"
@@ -59,6 +197,7 @@ class Packages(Section):
     rank = 1
     bisectable = True
     fails_whole = True
+    realizer = PackagesRealizer()
 
     def compare(
         self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]

@@ -24,7 +24,7 @@ class ProbeEntry:
     code_sha256: Any = None
 
     @classmethod
-    def from_raw(cls, raw: Any) -> ProbeEntry | None:
+    def of(cls, raw: Any) -> ProbeEntry | None:
         if not isinstance(raw, Mapping):
             return None
         return cls(raw.get("status"), raw.get("module_file"), raw.get("code_sha256"))
@@ -48,6 +48,7 @@ class Probes(Section):
     name = "probes"
     word = "probe"
     rank = 7
+    derived = True
     reason = (
         "a probe shows the effect of code changed elsewhere (a file, a package, a repo); "
         "bisection moves that cause and re-checks the probe in each trial"
@@ -57,7 +58,7 @@ class Probes(Section):
         self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
     ) -> Iterator[Found]:
         for pair in entry_pairs(self.name, src, g, b, _shown):
-            old, new = ProbeEntry.from_raw(pair.old), ProbeEntry.from_raw(pair.new)
+            old, new = ProbeEntry.of(pair.old), ProbeEntry.of(pair.new)
             if old is None or new is None:
                 yield Found(pair.change(self.name))
             elif strip_volatile(pair.old) == strip_volatile(pair.new):
@@ -68,7 +69,7 @@ class Probes(Section):
     def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
         key = unit.changes[0].key
         raw = ctx.entries("bad", self.name).get(key) or ctx.entries("good", self.name).get(key)
-        entry = ProbeEntry.from_raw(raw)
+        entry = ProbeEntry.of(raw)
         module_file = entry.module_file if entry is not None else None
         if isinstance(module_file, str) and module_file in ctx.changed_keys("files"):
             reason = (

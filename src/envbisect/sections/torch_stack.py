@@ -57,6 +57,7 @@ class TorchStack(Section):
     rank = 0
     bisectable = True
     fails_whole = True
+    derived = True  # torch's build facts follow from the torch wheel (packages realizes it)
 
     def is_volatile(self, key: str) -> bool:
         return key in VOLATILE_KEYS

@@ -1,0 +1,229 @@
+"""The plan of one state, and what the section modules' realizers need to make it.
+
+Every bisectable section's module (``envbisect.sections.<name>``) holds a realizer with the
+same three methods; :func:`realizers` lists them in plan order:
+
+``facts(ctx, key, old, new, query)``
+    adds to ``query`` what the target must answer (one ``inspect`` call for the whole run);
+``blocker(ctx, key, old, new) -> str | None``
+    why the change cannot be realized on this target (beyond the diff's own verdict);
+``plan(ctx, sandbox, values, plan) -> Plan``
+    the plan with this section's part added: operations (worktrees, swaps, cache dirs, the
+    overlay venv), the trial's environment, argv path rewrites. No I/O of its own: facts come
+    from ``ctx`` (answered once, cached by the actuator).
+
+The plan is the same for a local and a remote target; only its executor differs (see
+``bisect.execute``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from envbisect.failure import Failure
+from envbisect.manifest import Manifest
+
+if TYPE_CHECKING:
+    from envbisect.bisect.actuate import TargetEnv
+    from envbisect.sections.files import FileEntry
+
+Values = Mapping[str, tuple[Manifest, Any]]  # key → (source manifest, the state's value)
+
+
+# ---- what the target is asked, and what the plan holds ---------------------------------------
+
+
+@dataclass
+class FactQuery:
+    """What the realizers need the target to answer (the ``inspect`` operation's params)."""
+
+    sha256: set[str] = field(default_factory=set)
+    commits: set[tuple[str, str]] = field(default_factory=set)
+    revlists: set[tuple[str, str, str]] = field(default_factory=set)
+    dirs: set[str] = field(default_factory=set)
+    exists: set[str] = field(default_factory=set)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "sha256": sorted(self.sha256),
+            "commits": [list(c) for c in sorted(self.commits)],
+            "revlists": [list(r) for r in sorted(self.revlists)],
+            "dirs": sorted(self.dirs),
+            "exists": sorted(self.exists),
+        }
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The target's answers to a :class:`FactQuery`."""
+
+    sha256: Mapping[str, str | None]
+    commits: Mapping[tuple[str, ...], bool]
+    revlists: Mapping[tuple[str, ...], list[str] | None]
+    dirs: Mapping[str, bool]
+    exists: Mapping[str, bool]
+
+    @classmethod
+    def from_answer(cls, params: Mapping[str, Any], out: Mapping[str, Any]) -> Facts:
+        """Pair each question of ``params`` with the agent's answer in ``out``."""
+
+        def pairs(name: str) -> list[tuple[Any, Any]]:
+            return list(zip(params[name], out[name], strict=True))
+
+        return cls(
+            sha256=dict(out["sha256"]),
+            commits={tuple(c): bool(ok) for c, ok in pairs("commits")},
+            revlists={tuple(r): v for r, v in pairs("revlists")},
+            dirs={d: bool(ok) for d, ok in pairs("dirs")},
+            exists={p: bool(ok) for p, ok in pairs("exists")},
+        )
+
+
+@dataclass(frozen=True)
+class Context:
+    """The run's manifests and the target's facts, as realizers see them."""
+
+    good: Manifest
+    bad: Manifest
+    python: str
+    facts: Callable[[], Facts]  # the target's inspect answers (one call, cached)
+    target: Callable[[], TargetEnv]  # the target's probe (one call, cached)
+    blob: Callable[[Manifest, FileEntry], Path | None]  # stored content, checked
+    blob_places: Callable[[Manifest], str]  # where blobs were looked for (for messages)
+    env_holds: Callable[[str, Mapping[str, Any]], bool]  # env holds this redacted value
+    uv_missing: Callable[[], bool]  # no uv to build venvs with on the target
+    here: str = "here"  # how messages name the target machine ("on the target")
+    data_map: Mapping[str, str] = field(default_factory=dict)
+    index: tuple[str | None, tuple[str, ...], tuple[str, ...]] = (None, (), ())
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where one trial's state goes on the target."""
+
+    root: str  # the session directory there (venvs/, worktrees/)
+    trial: str  # this trial's directory there (caches/)
+    origin: Path  # the command's cwd here, mapped into a worktree when inside a repo
+    cwd: Path | None  # the cwd when no worktree maps it (None: the target's default)
+    path: str  # the PATH a python's bin directory is put in front of
+    in_venv: bool  # the target python's prefix is a venv (pyvenv.cfg)
+
+
+@dataclass(frozen=True)
+class VenvSpec:
+    """An overlay venv: where, on which base, what to install, what to leave out."""
+
+    path: str
+    base: str
+    install: tuple[str, ...]
+    sites: tuple[str, ...]
+    excluded: Mapping[str, tuple[str, ...]]
+    spec: Mapping[str, Any]  # what identifies it (hashed into its name, kept in READY)
+
+    def params(self) -> dict[str, Any]:
+        """The ``venv`` operation's parameters (uv and ``where`` added by the executor)."""
+        index_url, extra, links = self.spec["index"]
+        return {
+            "venv": self.path,
+            "base": self.base,
+            "install": list(self.install),
+            "index_url": index_url,
+            "extra_index_urls": list(extra),
+            "find_links": list(links),
+            "sites": list(self.sites),
+            "excluded": {k: list(v) for k, v in self.excluded.items()},
+            "spec": dict(self.spec),
+        }
+
+
+@dataclass(frozen=True)
+class Swap:
+    """A file put in the wanted state in place (journaled); ``sha256`` None: absent."""
+
+    path: str
+    sha256: str | None
+    key: str  # the path as recorded (messages name it)
+    blob: Path | None = None  # the stored content on this machine
+
+
+@dataclass(frozen=True)
+class CacheDir:
+    """A compile cache for the trial: a copy of ``src`` (warm) or a fresh empty dir."""
+
+    name: str
+    dest: str
+    src: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a state needs, the same for local and remote targets."""
+
+    python: str
+    env: Mapping[str, str]
+    cwd: Path | None = None
+    path_map: tuple[tuple[str, str], ...] = ()
+    venv: VenvSpec | None = None
+    worktrees: tuple[tuple[str, str, str], ...] = ()  # (repo, head, path on the target)
+    swaps: tuple[Swap, ...] = ()
+    caches: tuple[CacheDir, ...] = ()
+    failure: str | None = None
+
+    def with_env(self, set_: Mapping[str, str], unset: tuple[str, ...] = ()) -> Plan:
+        env = {k: v for k, v in self.env.items() if k not in unset}
+        env.update(set_)
+        return replace(self, env=env)
+
+    def failed(self, why: str) -> Plan:
+        return replace(self, failure=Failure.build(why))
+
+    def ops(self) -> dict[str, Any]:
+        """The ``realize`` operation's parameters (file contents added by the executor)."""
+        return {
+            "worktrees": [list(w) for w in self.worktrees],
+            "swaps": [{"path": s.path, "sha256": s.sha256, "key": s.key} for s in self.swaps],
+            "caches": [{"name": c.name, "dest": c.dest, "src": c.src} for c in self.caches],
+        }
+
+
+class Realizer(Protocol):
+    """The three methods every section's realizer has (see the module docstring)."""
+
+    section: str
+    order: int  # where its part goes in a plan (files land in the worktrees git planned)
+
+    def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None: ...
+
+    def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None: ...
+
+    def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan: ...
+
+
+def realizers() -> dict[str, Realizer]:
+    """Section name → its realizer, in plan order: packages, git (worktrees), files (into
+    them), env (overrides what packages set), caches, data."""
+    from envbisect import sections  # the section modules import this one
+
+    found = [s.realizer for s in sections.known() if s.realizer is not None]
+    return {r.section: r for r in sorted(found, key=lambda r: r.order)}
+
+
+def make_plan(
+    ctx: Context,
+    sandbox: Sandbox,
+    values: Mapping[tuple[str, str], tuple[Manifest, Any]],
+    env: Mapping[str, str],
+) -> Plan:
+    """The plan of one state: every realizer's part, in :func:`realizers` order, on top of
+    the environment ``env`` trials start from."""
+    plan = Plan(python=ctx.python, env=dict(env), cwd=sandbox.cwd)
+    for section, realizer in realizers().items():
+        mine = {key: v for (s, key), v in values.items() if s == section}
+        plan = realizer.plan(ctx, sandbox, mine, plan)
+        if plan.failure:
+            return plan
+    # Longest prefixes first, so a dataset inside a repo wins over the repo.
+    return replace(plan, path_map=tuple(sorted(plan.path_map, key=lambda p: -len(p[0]))))
