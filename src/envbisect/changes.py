@@ -7,10 +7,11 @@ without importing ``diff`` (which imports the sections).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from packaging.version import InvalidVersion, Version
 
@@ -258,6 +259,16 @@ def entry_pairs(
             None if old is None else shown(old),
             None if new is None else shown(new),
         )
+
+
+_T = TypeVar("_T")
+
+
+def read_fields(entry_type: type[_T], raw: Mapping[str, Any]) -> _T:
+    """An entry dataclass whose fields are the recorded mapping's keys, read by name
+    (missing ones are None)."""
+    names = [f.name for f in dataclasses.fields(entry_type)]  # type: ignore[arg-type]
+    return entry_type(**{name: raw.get(name) for name in names})
 
 
 def count(value: Any) -> Any:

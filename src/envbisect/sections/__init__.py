@@ -24,7 +24,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from envbisect.changes import Change, Found, Unit, differing, scalar_change
+from envbisect.changes import (
+    Change,
+    EntryPair,
+    Found,
+    Unit,
+    differing,
+    entry,
+    entry_pairs,
+    error_of,
+    scalar_change,
+)
 from envbisect.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -115,6 +125,40 @@ class Section:
     def regroup(self, units: list[Unit], ctx: DiffContext) -> list[Unit]:
         """A pass over all units once formed (fold, annotate); default: as they are."""
         return units
+
+
+class KeyedSection(Section):
+    """A section of mapping-valued entries keyed by path or name (files, git, data, ...):
+    each key whose entries differ is judged on its own (:meth:`judge`)."""
+
+    def compare(
+        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
+    ) -> Iterator[Found]:
+        for pair in entry_pairs(self.name, src, g, b, self.shown, read=self.read):
+            yield self.judge(pair)
+
+    def read(self, source: str, key: str, value: Any) -> dict[str, Any] | None:
+        """A raw value as an entry (ManifestError, naming file and field, for a non-mapping)."""
+        return entry(source, self.name, key, value)
+
+    def shown(self, raw: dict[str, Any]) -> Any:
+        """The value a Change shows for a present entry: its collection error, if any."""
+        return error_of(raw) or self.describe(raw)
+
+    def describe(self, raw: dict[str, Any]) -> Any:
+        """The entry in a word or a few (a hash, ``head (branch)``, ``N files, SIZE``)."""
+        return raw
+
+    def judge(self, pair: EntryPair) -> Found:
+        """The change of one key whose entries differ: added, removed, or as
+        :meth:`judge_both` says when both sides have it."""
+        if pair.old is None or pair.new is None:
+            return Found(pair.change(self.name))
+        return self.judge_both(pair, pair.old, pair.new)
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        """The change of a key present on both sides (default: the shown values differ)."""
+        return Found(pair.change(self.name))
 
 
 @dataclass(frozen=True)

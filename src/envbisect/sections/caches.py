@@ -7,13 +7,13 @@ variable (its realizer, below).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envbisect.changes import Found, entry_pairs, error_of, human_bytes
+from envbisect.changes import EntryPair, Found, human_bytes
 from envbisect.realize import CacheDir, Context, FactQuery, Plan, Sandbox, Values
-from envbisect.sections import Section, register
+from envbisect.sections import KeyedSection, register
 
 CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
 
@@ -63,10 +63,6 @@ class CacheEntry:
 
     def facts(self) -> tuple[Any, Any, Any]:
         return (self.exists, self.files, self.bytes)
-
-
-def _shown(raw: dict[str, Any]) -> str:
-    return error_of(raw) or CacheEntry.read(raw).describe()
 
 
 def _subdir_counts(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[int, int, int, int]:
@@ -146,27 +142,23 @@ class CachesRealizer:
 
 
 @register
-class Caches(Section):
+class Caches(KeyedSection):
     name = "caches"
     word = "cache"
     rank = 6
     bisectable = True
     realizer = CachesRealizer()
 
-    def compare(
-        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
-    ) -> Iterator[Found]:
-        for pair in entry_pairs(self.name, src, g, b, _shown):
-            if pair.old is None or pair.new is None:
-                yield Found(pair.change(self.name))
-                continue
-            old, new = CacheEntry.read(pair.old), CacheEntry.read(pair.new)
-            notes, digest_only = _notes(old, new, (pair.shown_old, pair.shown_new))
-            if not notes and old.facts() == new.facts() and pair.shown_old == pair.shown_new:
-                # Same files, sizes and subdirectories: only mtimes moved the digest.
-                note = "digest only (mtimes)"
-                if digest_only:
-                    note += f", {digest_only} subdirs"
-                yield Found(pair.change(self.name, note), volatile=True)
-            else:
-                yield Found(pair.change(self.name, "; ".join(notes) or None))
+    def describe(self, raw: dict[str, Any]) -> str:
+        return CacheEntry.read(raw).describe()
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        was, now = CacheEntry.read(old), CacheEntry.read(new)
+        notes, digest_only = _notes(was, now, (pair.shown_old, pair.shown_new))
+        if notes or was.facts() != now.facts() or pair.shown_old != pair.shown_new:
+            return Found(pair.change(self.name, "; ".join(notes) or None))
+        # Same files, sizes and subdirectories: only mtimes moved the digest.
+        note = "digest only (mtimes)"
+        if digest_only:
+            note += f", {digest_only} subdirs"
+        return Found(pair.change(self.name, note), volatile=True)

@@ -6,22 +6,22 @@ only notes it). Realized by rewriting argv paths and ``ENVBISECT_DATA_<n>``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from envbisect.changes import (
     METADATA_NOTE,
     Change,
+    EntryPair,
     Found,
     Unit,
-    entry_pairs,
-    error_of,
     human_bytes,
+    read_fields,
     strip_volatile,
 )
 from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
-from envbisect.sections import DiffContext, Section, register
+from envbisect.sections import DiffContext, KeyedSection, register
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class DataEntry:
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> DataEntry:
-        return cls(raw.get("size"), raw.get("records"), raw.get("fingerprint"))
+        return read_fields(cls, raw)
 
     def describe(self) -> str:
         """``1,000 records, 2.0 MB`` (or the size alone)."""
@@ -42,10 +42,6 @@ class DataEntry:
         if isinstance(self.records, int):
             return f"{self.records:,} records, {size}"
         return size
-
-
-def _shown(raw: dict[str, Any]) -> str:
-    return error_of(raw) or DataEntry.of(raw).describe()
 
 
 # ---- realizing-------------------------------------------------------------------------
@@ -85,7 +81,7 @@ class DataRealizer:
 
 
 @register
-class Data(Section):
+class Data(KeyedSection):
     name = "data"
     rank = 5
     bisectable = True
@@ -95,17 +91,16 @@ class Data(Section):
         "run decides"
     )
 
-    def compare(
-        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
-    ) -> Iterator[Found]:
-        for pair in entry_pairs(self.name, src, g, b, _shown):
-            if pair.both and strip_volatile(pair.old) == strip_volatile(pair.new):
-                yield Found(pair.change(self.name, METADATA_NOTE), volatile=True)
-            elif pair.both and pair.shown_old == pair.shown_new:
-                note = "same size and records, different content (fingerprint)"
-                yield Found(pair.change(self.name, note))
-            else:
-                yield Found(pair.change(self.name))
+    def describe(self, raw: dict[str, Any]) -> str:
+        return DataEntry.of(raw).describe()
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        if strip_volatile(old) == strip_volatile(new):
+            return Found(pair.change(self.name, METADATA_NOTE), volatile=True)
+        if pair.shown_old == pair.shown_new:
+            note = "same size and records, different content (fingerprint)"
+            return Found(pair.change(self.name, note))
+        return Found(pair.change(self.name))
 
     def regroup(self, units: list[Unit], ctx: DiffContext) -> list[Unit]:
         """A data unit whose old version data_map names: say where, not "only where ..."."""

@@ -8,14 +8,14 @@ into the state's worktree or swapping it in place, journaled (its realizer, belo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envbisect.changes import METADATA_NOTE, ChangeKind, Found, Unit, entry_pairs, error_of
+from envbisect.changes import METADATA_NOTE, ChangeKind, EntryPair, Found, Unit
 from envbisect.realize import Context, FactQuery, Plan, Sandbox, Swap, Values
-from envbisect.sections import DiffContext, Section, register
+from envbisect.sections import DiffContext, KeyedSection, register
 
 NO_CONTENT_REASON = (
     "neither manifest stored the file's content (snapshot with keep_blobs: true in envbisect.yaml)"
@@ -33,8 +33,11 @@ class FileEntry:
     @classmethod
     def of(cls, value: Any) -> FileEntry | None:
         """The entry of ``value`` (None: the file is absent in that state)."""
-        if not isinstance(value, Mapping):
-            return None
+        return cls.read(value) if isinstance(value, Mapping) else None
+
+    @classmethod
+    def read(cls, value: Mapping[str, Any]) -> FileEntry:
+        """The entry of a recorded file."""
         sha, blob, size = value.get("sha256"), value.get("blob"), value.get("size")
         return cls(
             sha256=None if sha is None else str(sha),
@@ -51,10 +54,6 @@ class FileEntry:
     def content_sha(self) -> str | None:
         """What the stored content must hash to (the sha256, else the blob's name)."""
         return self.sha256 or self.blob_name
-
-
-def _shown(raw: dict[str, Any]) -> Any:
-    return error_of(raw) or raw.get("sha256")
 
 
 # ---- realizing-------------------------------------------------------------------------
@@ -101,27 +100,24 @@ class FilesRealizer:
 
 
 @register
-class Files(Section):
+class Files(KeyedSection):
     name = "files"
     word = "file"
     rank = 2
     bisectable = True
     realizer = FilesRealizer()
 
-    def compare(
-        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
-    ) -> Iterator[Found]:
-        for pair in entry_pairs(self.name, src, g, b, _shown):
-            old, new = FileEntry.of(pair.old), FileEntry.of(pair.new)
-            if old is None or new is None:
-                yield Found(pair.change(self.name))
-            elif pair.shown_old == pair.shown_new and old.size == new.size:
-                # Only an mtime or the stored blob differs: the file itself did not change.
-                yield Found(pair.change(self.name, METADATA_NOTE), volatile=True)
-            elif old.size != new.size:
-                yield Found(pair.change(self.name, f"size {old.size} → {new.size} bytes"))
-            else:
-                yield Found(pair.change(self.name))
+    def describe(self, raw: dict[str, Any]) -> Any:
+        return raw.get("sha256")
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        size_old, size_new = FileEntry.read(old).size, FileEntry.read(new).size
+        if pair.shown_old == pair.shown_new and size_old == size_new:
+            # Only an mtime or the stored blob differs: the file itself did not change.
+            return Found(pair.change(self.name, METADATA_NOTE), volatile=True)
+        if size_old != size_new:
+            return Found(pair.change(self.name, f"size {size_old} → {size_new} bytes"))
+        return Found(pair.change(self.name))
 
     def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
         change = unit.changes[0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,14 +19,13 @@ from envbisect.changes import (
     METADATA_NOTE,
     Change,
     ChangeKind,
+    EntryPair,
     Found,
     Unit,
     count,
-    entry_pairs,
-    error_of,
 )
 from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
-from envbisect.sections import DiffContext, Section, register
+from envbisect.sections import DiffContext, KeyedSection, register
 from envbisect.sections.files import NO_CONTENT_REASON
 
 COMMITTED_NOTE = "committed in this repo: moves with its commits"
@@ -67,10 +66,6 @@ class GitEntry:
         if self.dirty:
             text += f" +uncommitted {str(self.diff_sha256 or '?')[:8]}"
         return text
-
-
-def _shown(raw: dict[str, Any]) -> str:
-    return error_of(raw) or GitEntry.of(raw).describe()
 
 
 def repo_of(path: str, repos: Iterable[str]) -> str | None:
@@ -133,28 +128,22 @@ def worktree_name(repo: str, head: str) -> str:
 
 
 @register
-class Git(Section):
+class Git(KeyedSection):
     name = "git"
     word = "git repo"
     rank = 3
     bisectable = True
     realizer = GitRealizer()
 
-    def compare(
-        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
-    ) -> Iterator[Found]:
-        for pair in entry_pairs(self.name, src, g, b, _shown):
-            if not pair.both:
-                yield Found(pair.change(self.name))
-                continue
-            old, new = GitEntry.of(pair.old), GitEntry.of(pair.new)
-            note = None
-            if old.untracked != new.untracked:
-                note = f"untracked {count(old.untracked)} → {count(new.untracked)}"
-            if pair.shown_old == pair.shown_new and note is None:
-                yield Found(pair.change(self.name, METADATA_NOTE), volatile=True)
-            else:
-                yield Found(pair.change(self.name, note))
+    def describe(self, raw: dict[str, Any]) -> str:
+        return GitEntry.of(raw).describe()
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        was, now = GitEntry.of(old).untracked, GitEntry.of(new).untracked
+        note = f"untracked {count(was)} → {count(now)}" if was != now else None
+        if pair.shown_old == pair.shown_new and note is None:
+            return Found(pair.change(self.name, METADATA_NOTE), volatile=True)
+        return Found(pair.change(self.name, note))
 
     def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
         change = unit.changes[0]

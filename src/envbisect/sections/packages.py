@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,14 +19,13 @@ from packaging.utils import canonicalize_name
 from envbisect.changes import (
     VOLATILE_KEYS,
     ChangeKind,
+    EntryPair,
     Found,
     compare_versions,
-    entry,
-    entry_pairs,
 )
 from envbisect.failure import Failure
 from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values, VenvSpec
-from envbisect.sections import Section, register
+from envbisect.sections import KeyedSection, register
 
 if TYPE_CHECKING:
     from envbisect.bisect.actuate import TargetEnv
@@ -65,17 +64,6 @@ class PackageEntry:
         if isinstance(direct, str) and direct:
             return f"{name} @ {direct}"
         return f"{name}=={self.version}"
-
-
-def read_package(source: str, name: str, value: Any) -> dict[str, Any] | None:
-    """A packages entry as a mapping; a bare version string is tolerated."""
-    if isinstance(value, str):
-        return {"version": value}
-    return entry(source, "packages", name, value)
-
-
-def _version_of(raw: dict[str, Any]) -> Any:
-    return raw.get("version")  # hot: every package of a 20,000-entry manifest
 
 
 def _field_note(field_name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
@@ -191,7 +179,7 @@ def _excluded(target: TargetEnv, hides: set[str]) -> dict[str, tuple[str, ...]]:
 
 
 @register
-class Packages(Section):
+class Packages(KeyedSection):
     name = "packages"
     word = "package"
     rank = 1
@@ -199,23 +187,22 @@ class Packages(Section):
     fails_whole = True
     realizer = PackagesRealizer()
 
-    def compare(
-        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
-    ) -> Iterator[Found]:
-        for pair in entry_pairs(self.name, src, g, b, _version_of, read=read_package):
-            if pair.old is None or pair.new is None:
-                yield Found(pair.change(self.name))
-                continue
-            if pair.shown_old != pair.shown_new:
-                kind, note = compare_versions(pair.shown_old, pair.shown_new)
-                yield Found(pair.change(self.name, note, kind))
-                continue
-            old, new = pair.old, pair.new
-            fields = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            real = [f for f in fields if f != "installer" and f not in VOLATILE_KEYS]
-            if real:
-                note = "; ".join(_field_note(f, old, new) for f in real)
-                yield Found(pair.change(self.name, note, ChangeKind.CHANGED))
-            else:
-                note = f"only {', '.join(fields)} differs"
-                yield Found(pair.change(self.name, note, ChangeKind.CHANGED), volatile=True)
+    def read(self, source: str, key: str, value: Any) -> dict[str, Any] | None:
+        if isinstance(value, str):  # tolerate a bare version string
+            return {"version": value}
+        return super().read(source, key, value)
+
+    def shown(self, raw: dict[str, Any]) -> Any:
+        return raw.get("version")  # hot: every package of a 20,000-entry manifest
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        if pair.shown_old != pair.shown_new:
+            kind, note = compare_versions(pair.shown_old, pair.shown_new)
+            return Found(pair.change(self.name, note, kind))
+        fields = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        real = [f for f in fields if f != "installer" and f not in VOLATILE_KEYS]
+        if real:
+            note = "; ".join(_field_note(f, old, new) for f in real)
+            return Found(pair.change(self.name, note, ChangeKind.CHANGED))
+        note = f"only {', '.join(fields)} differs"
+        return Found(pair.change(self.name, note, ChangeKind.CHANGED), volatile=True)

@@ -7,12 +7,12 @@ names that unit.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envbisect.changes import METADATA_NOTE, Found, Unit, entry_pairs, error_of, strip_volatile
-from envbisect.sections import DiffContext, Section, register
+from envbisect.changes import METADATA_NOTE, EntryPair, Found, Unit, read_fields, strip_volatile
+from envbisect.sections import DiffContext, KeyedSection, register
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,7 @@ class ProbeEntry:
 
     @classmethod
     def of(cls, raw: Any) -> ProbeEntry | None:
-        if not isinstance(raw, Mapping):
-            return None
-        return cls(raw.get("status"), raw.get("module_file"), raw.get("code_sha256"))
-
-
-def _shown(raw: dict[str, Any]) -> Any:
-    return error_of(raw) or raw.get("status")
+        return read_fields(cls, raw) if isinstance(raw, Mapping) else None
 
 
 def _note(old: ProbeEntry, new: ProbeEntry) -> str | None:
@@ -44,7 +38,7 @@ def _note(old: ProbeEntry, new: ProbeEntry) -> str | None:
 
 
 @register
-class Probes(Section):
+class Probes(KeyedSection):
     name = "probes"
     word = "probe"
     rank = 7
@@ -54,17 +48,17 @@ class Probes(Section):
         "bisection moves that cause and re-checks the probe in each trial"
     )
 
-    def compare(
-        self, src: tuple[str, str], g: Mapping[str, Any], b: Mapping[str, Any]
-    ) -> Iterator[Found]:
-        for pair in entry_pairs(self.name, src, g, b, _shown):
-            old, new = ProbeEntry.of(pair.old), ProbeEntry.of(pair.new)
-            if old is None or new is None:
-                yield Found(pair.change(self.name))
-            elif strip_volatile(pair.old) == strip_volatile(pair.new):
-                yield Found(pair.change(self.name, METADATA_NOTE), volatile=True)
-            else:
-                yield Found(pair.change(self.name, _note(old, new)))
+    def describe(self, raw: dict[str, Any]) -> Any:
+        return raw.get("status")
+
+    def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
+        if strip_volatile(old) == strip_volatile(new):
+            return Found(pair.change(self.name, METADATA_NOTE), volatile=True)
+        return Found(
+            pair.change(
+                self.name, _note(read_fields(ProbeEntry, old), read_fields(ProbeEntry, new))
+            )
+        )
 
     def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
         key = unit.changes[0].key
