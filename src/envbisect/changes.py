@@ -40,14 +40,10 @@ class Change:
     note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "section": self.section,
-            "key": self.key,
-            "old": self.old,
-            "new": self.new,
-            "kind": self.kind.value,
-            "note": self.note,
-        }
+        """Every field in order, the kind by its value."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["kind"] = self.kind.value
+        return out
 
 
 @dataclass(frozen=True)

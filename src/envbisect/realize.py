@@ -18,7 +18,7 @@ The plan is the same for a local and a remote target; only its executor differs 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -159,13 +159,31 @@ class CacheDir:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """Everything a state needs, the same for local and remote targets."""
+class Placement:
+    """Where a state's command runs: the interpreter, its environment, the cwd, and the
+    rewrites of argv paths into the state's worktrees and datasets."""
 
     python: str
     env: Mapping[str, str]
     cwd: Path | None = None
     path_map: tuple[tuple[str, str], ...] = ()
+
+    def map_argv(self, argv: Sequence[str]) -> list[str]:
+        """argv with paths of repos/datasets rewritten to the state's worktree/data."""
+        out = []
+        for arg in argv:
+            for old, new in self.path_map:
+                if arg == old or arg.startswith(old.rstrip("/") + "/"):
+                    arg = new + arg[len(old) :]
+                    break
+            out.append(arg)
+        return out
+
+
+@dataclass(frozen=True)
+class Plan(Placement):
+    """Everything a state needs, the same for local and remote targets."""
+
     venv: VenvSpec | None = None
     worktrees: tuple[tuple[str, str, str], ...] = ()  # (repo, head, path on the target)
     swaps: tuple[Swap, ...] = ()

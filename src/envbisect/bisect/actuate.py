@@ -91,7 +91,15 @@ from envbisect.bisect.session import Session
 from envbisect.errors import ActuationError, TransportError
 from envbisect.failure import Failure
 from envbisect.manifest import Manifest
-from envbisect.realize import Context, FactQuery, Facts, Sandbox, make_plan, realizers
+from envbisect.realize import (
+    Context,
+    FactQuery,
+    Facts,
+    Placement,
+    Sandbox,
+    make_plan,
+    realizers,
+)
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.sections.files import FileEntry
 from envbisect.sections.git import GitEntry
@@ -142,27 +150,12 @@ def _realized_changes(unit: Any) -> list[Any]:
 
 
 @dataclass(frozen=True)
-class Realized:
+class Realized(Placement):
     """One realized state, ready to run a command in."""
 
-    python: str
-    env: Mapping[str, str]
-    cwd: Path | None = None
-    path_map: tuple[tuple[str, str], ...] = ()
     venv: Path | None = None
     notes: tuple[str, ...] = ()
     failure: str | None = None  # "build: ..." when the state cannot be realized
-
-    def map_argv(self, argv: Sequence[str]) -> list[str]:
-        """argv with paths of repos/datasets rewritten to the state's worktree/data."""
-        out = []
-        for arg in argv:
-            for old, new in self.path_map:
-                if arg == old or arg.startswith(old.rstrip("/") + "/"):
-                    arg = new + arg[len(old) :]
-                    break
-            out.append(arg)
-        return out
 
 
 @dataclass(frozen=True)

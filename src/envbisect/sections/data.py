@@ -32,10 +32,6 @@ class DataEntry:
     records: Any = None
     fingerprint: Any = None
 
-    @classmethod
-    def of(cls, raw: Mapping[str, Any]) -> DataEntry:
-        return read_fields(cls, raw)
-
     def describe(self) -> str:
         """``1,000 records, 2.0 MB`` (or the size alone)."""
         size = human_bytes(self.size)
@@ -92,7 +88,7 @@ class Data(KeyedSection):
     )
 
     def describe(self, raw: dict[str, Any]) -> str:
-        return DataEntry.of(raw).describe()
+        return read_fields(DataEntry, raw).describe()
 
     def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
         if strip_volatile(old) == strip_volatile(new):

@@ -23,10 +23,6 @@ class ProbeEntry:
     module_file: Any = None
     code_sha256: Any = None
 
-    @classmethod
-    def of(cls, raw: Any) -> ProbeEntry | None:
-        return read_fields(cls, raw) if isinstance(raw, Mapping) else None
-
 
 def _note(old: ProbeEntry, new: ProbeEntry) -> str | None:
     notes = []
@@ -63,7 +59,7 @@ class Probes(KeyedSection):
     def refine(self, unit: Unit, ctx: DiffContext) -> Unit:
         key = unit.changes[0].key
         raw = ctx.entries("bad", self.name).get(key) or ctx.entries("good", self.name).get(key)
-        entry = ProbeEntry.of(raw)
+        entry = read_fields(ProbeEntry, raw) if isinstance(raw, Mapping) else None
         module_file = entry.module_file if entry is not None else None
         if isinstance(module_file, str) and module_file in ctx.changed_keys("files"):
             reason = (
