@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 BENCHES: dict[str, list[str]] = {
     "snapshot": ["--runs", "7"],
     "diff": ["--runs", "9"],
+    "diff_core": ["--pairs", "3"],
     "loader": ["--runs", "5"],
     "transport": ["--rounds", "11"],
     "search": ["--seeds", "200"],
