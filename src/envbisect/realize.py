@@ -188,7 +188,7 @@ class Plan(Placement):
     worktrees: tuple[tuple[str, str, str], ...] = ()  # (repo, head, path on the target)
     swaps: tuple[Swap, ...] = ()
     caches: tuple[CacheDir, ...] = ()
-    failure: str | None = None
+    failure: Failure | None = None
 
     def with_env(self, set_: Mapping[str, str], unset: tuple[str, ...] = ()) -> Plan:
         env = {k: v for k, v in self.env.items() if k not in unset}

@@ -155,7 +155,7 @@ class Realized(Placement):
 
     venv: Path | None = None
     notes: tuple[str, ...] = ()
-    failure: str | None = None  # "build: ..." when the state cannot be realized
+    failure: Failure | None = None  # "build: ..." when the state cannot be realized
 
 
 @dataclass(frozen=True)
@@ -543,12 +543,12 @@ class Actuator:
             if plan.venv is not None:
                 _path, failure = executor.venv(plan.venv.params(), trial_dir)
                 if failure:
-                    return Realized(python=self.python, env=plan.env, failure=failure)
+                    return Realized(python=self.python, env=plan.env, failure=Failure.of(failure))
             failure, notes = executor.apply(plan, trial_dir)
         except TransportError as exc:
             return Realized(python=self.python, env=env, failure=Failure.build(str(exc)))
         if failure:
-            return Realized(python=plan.python, env=plan.env, failure=failure)
+            return Realized(python=plan.python, env=plan.env, failure=Failure.of(failure))
         return Realized(
             python=plan.python,
             env=plan.env,
