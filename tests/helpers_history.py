@@ -135,8 +135,11 @@ def make_history(tmp: Path, *, culprit_uncommitted: bool = False) -> History:
         commits[subject] = commit_all(repo, subject)
     # Three hunks: the docstring, REPEAT, the layer's comment.
     text = edit(text, "for the throughput test.", "for the throughput test (v2).")
-    text = edit(text, "REPEAT = 1", "REPEAT = 1 if " + ("True" if culprit_uncommitted else "False")
-                + " else 8")
+    text = edit(
+        text,
+        "REPEAT = 1",
+        "REPEAT = 1 if " + ("True" if culprit_uncommitted else "False") + " else 8",
+    )
     text = edit(text, "def layer(x):\n", "def layer(x):\n    # one affine map and a relu\n")
     model.write_text(text)
     commits[CULPRIT] = commit_all(repo, CULPRIT)
@@ -147,7 +150,7 @@ def make_history(tmp: Path, *, culprit_uncommitted: bool = False) -> History:
     commits["model: name the output"] = commit_all(repo, "model: name the output")
     # The uncommitted patch: two hunks (the first one slow when culprit_uncommitted).
     text = edit(text, "DEPTH = 2", "DEPTH = 16" if culprit_uncommitted else "DEPTH = 2  # layers")
-    text = edit(text, "WIDTH = 64", "WIDTH = 64  # features")
+    text = edit(text, "LR = 0.05", "LR = 0.05  # tuned by hand")
     model.write_text(text)
     bad = work / "manifests" / "bad.yaml"
     snap = _snapshot(work, python, bad)

@@ -188,8 +188,10 @@ def hunk_section(h: HunkCulprit) -> list[str]:
     if h.together:
         lines += ["", "slow only together with: " + ", ".join(f"`{x.header}`" for x in h.together)]
     if h.cleared:
-        lines += ["", "other hunks of this change, cleared:"]
-        lines += [f"- `{x.header}` — cleared" for x in h.cleared]
+        lines += ["", "The other hunks of this change, cleared:", "", "```diff"]
+        for x in h.cleared:
+            lines += [f"{x.header} cleared", *x.lines[1:]]
+        lines.append("```")
     return lines
 
 
@@ -334,6 +336,11 @@ def explain_trial(r: TrialRow, culprits: set[str]) -> str:
         what = _PURPOSE[r.purpose]
     elif r.purpose.startswith("narrow: hunks of "):
         what = f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
+    elif r.purpose.startswith("narrow: files:"):
+        what = (
+            f"bisecting {r.purpose.split(': ', 1)[1]} over its versions (each commit that "
+            "touched it, then the uncommitted edit)"
+        )
     elif r.purpose.startswith("narrow: "):
         what = f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
     else:

@@ -61,6 +61,7 @@ class _Measure:
         number: Callable[[State], int],
     ) -> None:
         self.number = number
+        self.of = ""  # "4 in repo/model.py": the hunks, for progress lines
         self.measure = measure
         self.judge = judge
         self.s = settings
@@ -72,7 +73,7 @@ class _Measure:
         if state in self.seen:
             return self.seen[state]
         shown = ", ".join(map(str, applied)) or "none"
-        self.progress(f"hunks {shown} applied ({purpose})")
+        self.progress(f"hunk(s) {shown} of {self.of} applied ({purpose})")
         out = self.measure(state, self.s.repeats)
         samples = list(out.samples)
         failure = Failure.of(out.failure) if out.failure else None
@@ -158,6 +159,9 @@ def find_hunk(
     noise = Noise.from_groups(t.samples for t in result.trials if not t.failure)
     assert result.threshold is not None
     m = _Measure(measure, Judge(result.threshold, noise), settings, progress, number)
+    m.of = f"{len(hunks)} in {base.shown}"
+    at = f"commit {base.version.item[:12]}" if base.version.committed else "the uncommitted edit"
+    progress(f"{base.shown} turned slow at {at}: searching its {len(hunks)} hunks")
 
     def state_of(subset: frozenset[int]) -> State | None:
         try:
