@@ -107,10 +107,13 @@ class History:
 CULPRIT = "model: apply the layer REPEAT times per step"
 
 
-def make_history(tmp: Path, *, culprit_uncommitted: bool = False) -> History:
+def make_history(
+    tmp: Path, *, culprit_uncommitted: bool = False, uncommitted: bool = True
+) -> History:
     """The repo, its history and both snapshots (see the module docstring). With
     ``culprit_uncommitted`` the commits are harmless and the uncommitted patch holds the
-    slow hunk."""
+    slow hunk; without ``uncommitted`` there is no patch (the repo is clean in both
+    states, so model.py moves with the repo's unit)."""
     work = tmp / "work"
     repo = init_repo(work / "repo")
     (repo / "train.py").write_text(TRAIN)
@@ -149,13 +152,15 @@ def make_history(tmp: Path, *, culprit_uncommitted: bool = False) -> History:
     model.write_text(text)
     commits["model: name the output"] = commit_all(repo, "model: name the output")
     # The uncommitted patch: two hunks (the first one slow when culprit_uncommitted).
-    text = edit(text, "DEPTH = 2", "DEPTH = 16" if culprit_uncommitted else "DEPTH = 2  # layers")
-    text = edit(text, "LR = 0.05", "LR = 0.05  # tuned by hand")
-    model.write_text(text)
+    if uncommitted:
+        slow = "DEPTH = 16" if culprit_uncommitted else "DEPTH = 2  # layers"
+        text = edit(text, "DEPTH = 2", slow)
+        text = edit(text, "LR = 0.05", "LR = 0.05  # tuned by hand")
+        model.write_text(text)
     bad = work / "manifests" / "bad.yaml"
     snap = _snapshot(work, python, bad)
     assert snap.returncode == 0, snap.stderr
-    assert git(repo, "status", "--porcelain") == "M model.py"
+    assert git(repo, "status", "--porcelain") == ("M model.py" if uncommitted else "")
     return History(work, repo, model, python, good, bad, commits)
 
 

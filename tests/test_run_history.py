@@ -130,3 +130,26 @@ def test_file_history_lists_the_commits_that_touched_the_file_then_the_edit(
         file_history(str(repo), str(tmp_path / "x.py"), (good, bad), shas(b"a\n", b""), blobs) == ()
     )
     assert file_history(str(repo), str(f), ("0" * 40, bad), shas(b"a\n", b""), blobs) == ()
+
+
+def test_a_clean_repo_is_narrowed_to_its_commit_then_the_commits_hunk(tmp_path: Path) -> None:
+    """Without an uncommitted patch model.py moves with the repo's unit: the repo is
+    bisected over its five commits (one touches train.py only), then the first bad
+    commit's change is searched hunk by hunk."""
+    h = make_history(tmp_path, uncommitted=False)
+    res, doc, report = _run(h)
+    sha = h.commits[CULPRIT]
+    line = next(x for x in res.stdout.splitlines() if x.startswith("Culprit: "))
+    assert line.startswith(
+        f'Culprit: commit {sha[:7]} "{CULPRIT}" — repo/model.py hunk @@ -5,1 +5,1 @@ — '
+    )
+    (culprit,) = doc["culprits"]
+    assert culprit["unit"] == f"git:{h.repo}" and culprit["commit"] == sha
+    hunk = culprit["hunk"]
+    assert hunk["file"] == str(h.model) and hunk["files"] == ["repo/model.py"]
+    assert hunk["hunk_text"] == "@@ -5,1 +5,1 @@\n-REPEAT = 1\n+REPEAT = 1 if False else 8\n"
+    assert hunk["cleared"] == ["@@ -1,1 +1,1 @@", "@@ -11,0 +12,1 @@"]
+    assert f'### The hunk: commit `{sha[:12]}` "{CULPRIT}"' in report
+    # Five commits in the range, three hunks in the culprit.
+    assert _extra_trials(doc) <= _goal(5, 3)
+    assert git(h.repo, "status", "--porcelain") == ""

@@ -84,6 +84,13 @@ def file_commits(repo: str | Path, old: str, new: str, path: str) -> GitResult:
     return run("rev-list", "--reverse", f"{old}..{new}", "--", path, repo=repo)
 
 
+def changed_files(repo: str | Path, old: str, new: str) -> list[str]:
+    """Paths (relative to the repo) of the files modified between two commits (added,
+    deleted and renamed ones left out); empty when git fails."""
+    res = run("diff", "--name-only", "--no-renames", "--diff-filter=M", old, new, repo=repo)
+    return res.stdout.splitlines() if res.ok else []
+
+
 def commit_facts(repo: str | Path, commit: str) -> GitResult:
     """``<sha>\\n<author date, ISO 8601>\\n<subject>`` of one commit."""
     return run("show", "-s", "--format=%H%n%aI%n%s", commit, repo=repo)

@@ -129,6 +129,16 @@ class HunkCulprit:
     trials: int = 0
     good_trial: int | None = None
     bad_trial: int | None = None
+    repo: str = ""
+
+    def where(self, hunk: Hunk) -> str:
+        """``repo/model.py`` of one of the hunks."""
+        return shown_path(self.repo, hunk.path) if self.repo and hunk.path else self.shown
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files the change's hunks are in (one for a file unit)."""
+        return tuple(sorted({self.where(h) for h in self.hunks}))
 
     @property
     def cleared(self) -> tuple[Hunk, ...]:
@@ -148,6 +158,7 @@ class HunkCulprit:
             "hunk": self.culprit.header if self.culprit is not None else None,
             "hunk_text": self.culprit.text if self.culprit is not None else None,
             "hunks": len(self.hunks),
+            "files": list(self.files),
             "candidates": [h.header for h in self.candidates],
             "together_with": [h.header for h in self.together],
             "cleared": [h.header for h in self.cleared],

@@ -26,13 +26,15 @@ class HunkError(EnvBisectError):
 class Hunk:
     """One run of changed lines: ``old`` lines at 0-based line ``at`` of the old content
     become ``new`` (each line with its line ending); ``new_at`` is where they start in the
-    new content. ``number`` is 1-based, in file order."""
+    new content. ``number`` is 1-based, in file order (across files: in the order the files
+    were split)."""
 
     number: int
     at: int
     old: tuple[str, ...]
     new_at: int
     new: tuple[str, ...]
+    path: str = ""  # the file, where hunks of several files are searched together
 
     @property
     def header(self) -> str:
@@ -54,7 +56,10 @@ class Hunk:
         return "\n".join(self.lines) + "\n"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"number": self.number, "header": self.header, "text": self.text}
+        out: dict[str, Any] = {"number": self.number, "header": self.header, "text": self.text}
+        if self.path:
+            out["path"] = self.path
+        return out
 
 
 def _span(at: int, n: int) -> str:
@@ -75,15 +80,16 @@ def decode(content: bytes) -> str | None:
         return None
 
 
-def split(old: str, new: str) -> tuple[Hunk, ...]:
-    """The hunks that turn ``old`` into ``new``, in file order (``apply(old, all) == new``)."""
+def split(old: str, new: str, *, path: str = "", first: int = 1) -> tuple[Hunk, ...]:
+    """The hunks that turn ``old`` into ``new``, in file order (``apply(old, all) == new``),
+    numbered from ``first``; ``path`` names the file in each."""
     a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
     ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
     out: list[Hunk] = []
     for tag, i1, i2, j1, j2 in ops:
         if tag == "equal":
             continue
-        out.append(Hunk(len(out) + 1, i1, tuple(a[i1:i2]), j1, tuple(b[j1:j2])))
+        out.append(Hunk(first + len(out), i1, tuple(a[i1:i2]), j1, tuple(b[j1:j2]), path))
     return tuple(out)
 
 

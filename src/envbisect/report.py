@@ -177,20 +177,22 @@ def hunk_section(h: HunkCulprit) -> list[str]:
     else:
         head = "### The hunk: the uncommitted edit on top of the bad commit"
     lines = ["", head, ""]
+    several = len(h.files) > 1
     lines.append(
-        f"`{h.shown}` — {len(h.hunks)} hunk(s) in this change; trials "
+        f"`{', '.join(h.files)}` — {len(h.hunks)} hunk(s) in this change; trials "
         f"{h.good_trial} (without it) and {h.bad_trial} (with it); {h.trials} trial(s) "
         "searched the hunks"
     )
     shown = [h.culprit] if h.culprit is not None else list(h.candidates)
     for x in shown:
-        lines += ["", "```diff", *x.lines, "```"]
+        lines += ["", *([f"`{h.where(x)}`:"] if several else []), "```diff", *x.lines, "```"]
     if h.together:
         lines += ["", "slow only together with: " + ", ".join(f"`{x.header}`" for x in h.together)]
     if h.cleared:
         lines += ["", "The other hunks of this change, cleared:", "", "```diff"]
         for x in h.cleared:
-            lines += [f"{x.header} cleared", *x.lines[1:]]
+            where = f"{h.where(x)} " if several else ""
+            lines += [f"{where}{x.header} cleared", *x.lines[1:]]
         lines.append("```")
     return lines
 

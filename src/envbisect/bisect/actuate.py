@@ -231,6 +231,11 @@ class Actuator:
     # versions the engine bisects over, then the hunk subsets the run registers.
     _variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
     _versions: dict[str, tuple[FileVersion, ...]] = field(default_factory=dict, repr=False)
+    # A git unit's states beyond its commits (the hunk step): its worktree at a position
+    # (-1: the good commit) with some files' contents replaced ({file key: files value}).
+    _commit_variants: dict[str, list[tuple[int, dict[str, dict[str, Any]]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def remote(self) -> bool:
@@ -502,14 +507,46 @@ class Actuator:
                 elif on and change.section == "files" and unit.id in positions:
                     value = self._variant(unit.id, positions[unit.id], value)
                 values[(change.section, key)] = (source, value)
+        for unit_id, pos in positions.items():
+            variant = self._commit_variant(unit_id, pos) if unit_id in applied else None
+            for key, file_value in variant[1].items() if variant else ():
+                values[("files", key)] = (self.bad, file_value)
         return values
 
     def _at_position(self, unit_id: str, pos: int, value: Any) -> Any:
-        """A git value moved to the ``pos``-th commit of its unit's range."""
+        """A git value moved to the ``pos``-th commit of its unit's range (a position past
+        its commits: a state ``add_commit_variant`` registered, at its base commit)."""
         commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        variant = self._commit_variant(unit_id, pos)
+        if variant is not None and variant[0] < 0:
+            key = str(next(u for u in self.units if u.id == unit_id).changes[0].key)
+            return {**(value or {}), "head": GitEntry.of(self.good.section("git").get(key)).head}
+        if variant is not None:
+            pos = variant[0]
         if commits and 0 <= pos < len(commits):
             return {**(value or {}), "head": commits[pos]}
         return value
+
+    def add_commit_variant(self, unit_id: str, base: int, contents: Mapping[str, bytes]) -> int:
+        """Register a state of git unit ``unit_id``: its worktree at commit position ``base``
+        (-1: the good commit) with ``contents`` (file key → bytes) written into it; the
+        position that stands for it (past the unit's commits; the same for the same state)."""
+        commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        files = {}
+        for key, content in sorted(contents.items()):
+            sha = store(self.variant_blobs, content)
+            files[key] = {"sha256": sha, "size": len(content), "blob": sha}
+        variants = self._commit_variants.setdefault(unit_id, [])
+        if (base, files) not in variants:
+            variants.append((base, files))
+        return len(commits) + variants.index((base, files))
+
+    def _commit_variant(self, unit_id: str, pos: int) -> tuple[int, dict[str, Any]] | None:
+        variants = self._commit_variants.get(unit_id)
+        if not variants:
+            return None
+        i = pos - len(self._commits.get(unit_id) or self.ordered().get(unit_id, []))
+        return variants[i] if 0 <= i < len(variants) else None
 
     def _variant(self, unit_id: str, pos: int, value: Any) -> Any:
         """A file value moved to the ``pos``-th content of its unit (a version, a hunk set)."""
