@@ -1,14 +1,18 @@
-"""The run's last step for a guilty file inside a repo: which hunk of its first bad version.
+"""The run's last step below a guilty unit: which hunk of its first bad change.
 
-After the engine has isolated a file unit and narrowed it over the file's versions (its
-content after each commit that touched it, then the uncommitted edit: ``history``), the
-change of that first bad version is split into hunks (``hunks.split``) and
+Two kinds of unit get there. A file unit inside a repo, narrowed by the engine over the
+file's versions (its content after each commit that touched it, then the uncommitted edit:
+``history``): the change of its first bad version, in that file. A git unit narrowed to its
+first bad commit, when that commit touched a file listed under ``files:``: the commit's
+change in the text files it modified. The change is split into hunks (``hunks.split``) and
 ``narrow.isolate_hunks`` finds the guilty one. A subset of hunks is realized as one more
-content of the file unit (``Actuator.add_variant``: a position of the unit), measured with
-the run's own test function, so its trials are numbered, logged and replayed like the
-engine's. Verdicts use the search's threshold and pooled noise; a subset that cannot be
-built, cannot be realized faithfully or crashes counts as unresolved (unless the
-regression itself is a crash, which ``on_crash`` decides as in the engine).
+position of the unit (``Actuator.add_variant``: a content of the file;
+``Actuator.add_commit_variant``: the worktree at the commit before, with the subset's
+contents written in), measured with the run's own test function, so its trials are
+numbered, logged and replayed like the engine's. Verdicts use the search's threshold and
+pooled noise; a subset that cannot be built, cannot be realized faithfully or crashes
+counts as unresolved (unless the regression itself is a crash, which ``on_crash`` decides
+as in the engine).
 """
 
 from __future__ import annotations
@@ -148,18 +152,24 @@ def _file_change(actuator: Any, narrowed: Narrowed, core: frozenset[str]) -> _Ch
 
 
 def _commit_change(actuator: Any, narrowed: Narrowed, core: frozenset[str]) -> _Change | None:
-    """A git unit narrowed to its first bad commit: the hunks of that commit in the text
-    files it modified (files bisected as units of their own are left to them)."""
+    """A git unit narrowed to its first bad commit that touched a file listed under
+    ``files:`` (folded into the unit): the hunks of that commit in the text files it
+    modified (files bisected as units of their own are left to them)."""
     unit, p = narrowed.unit, int(narrowed.first_bad or 0)
-    repo = str(next(u for u in actuator.units if u.id == unit).changes[0].key)
+    git_unit = next(u for u in actuator.units if u.id == unit)
+    repo = str(git_unit.changes[0].key)
+    listed = {str(c.key) for c in git_unit.changes if c.section == "files"}
     commits = actuator.ordered()[unit]
     before = commits[p - 1] if p > 0 else GitEntry.of(actuator.good.section("git").get(repo)).head
-    if actuator.remote or not before:
+    if actuator.remote or not before or not listed:
+        return None
+    changed = changed_files(repo, before, commits[p])
+    if not any(os.path.join(repo, rel) in listed for rel in changed):
         return None
     own = {str(u.changes[0].key) for u in actuator.units if u.section == "files"}
     texts: dict[str, str] = {}
     hunks: list[Hunk] = []
-    for rel in changed_files(repo, before, commits[p]):
+    for rel in changed:
         key = os.path.join(repo, rel)
         old, new = (show_file(repo, c, rel) for c in (before, commits[p]))
         text_old, text_new = (decode(c) if c is not None else None for c in (old, new))
