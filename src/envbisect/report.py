@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.bisect.session import Session
-from envbisect.history import HunkCulprit
+from envbisect.history import UNCOMMITTED, HunkCulprit
 from envbisect.metric import Threshold, format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
 
@@ -136,7 +136,9 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
         old = "unset" if c["old"] == "-" and unit.section == "env" else c["old"]
         new = "unset" if c["new"] == "-" and unit.section == "env" else c["new"]
         what = f"{unit.title} {old} → {new}"
-        if culprit.commit:
+        if culprit.commit == UNCOMMITTED:  # a file's versions end with the uncommitted edit
+            what = f"{unit.title}: its uncommitted edit"
+        elif culprit.commit:
             what = f"{unit.title}: first bad commit {culprit.commit[:12]}"
     else:
         what = unit.title
