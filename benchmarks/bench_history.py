@@ -12,7 +12,8 @@ follows the realized file content (slow when it holds the slow line), log-normal
 "Extra trials" are the trials below the isolated unit: the engine's narrowing over the
 versions plus the hunk search's. "exact": the named version and hunk are the true ones.
 
-Usage: python benchmarks/bench_history.py [--seeds N] [--cv 0 0.05 0.10]
+Usage: python benchmarks/bench_history.py [--seeds N] [--cv 0 0.05 0.10] [--drop 3]
+[--commits 1 2 4 ...] [--hunks 1 2 3 ...]
 Prints a markdown table and the goal check; nothing is asserted. Pure Python, no I/O.
 """
 
@@ -159,6 +160,7 @@ def main() -> None:
     parser.add_argument("--cv", type=float, nargs="+", default=[0.0, 0.05, 0.10])
     parser.add_argument("--commits", type=int, nargs="+", default=[1, 2, 4, 5, 8, 16, 32])
     parser.add_argument("--hunks", type=int, nargs="+", default=[1, 2, 3, 4, 8, 16])
+    parser.add_argument("--drop", type=float, default=3.0, help="how many times slower")
     args = parser.parse_args()
     started = time.perf_counter()
     print(
@@ -170,7 +172,7 @@ def main() -> None:
     for cv in args.cv:
         for c in args.commits:
             for h in args.hunks:
-                rows = [one(c, h, cv, s) for s in range(args.seeds)]
+                rows = [one(c, h, cv, s, args.drop) for s in range(args.seeds)]
                 extra = [r.extra for r in rows]
                 g = goal(c, h)
                 ok = max(extra) <= g

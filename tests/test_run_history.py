@@ -76,6 +76,12 @@ def test_the_culprit_is_named_down_to_its_commit_and_hunk(tmp_path: Path) -> Non
     log = h.envbisect("log", "--session", str(h.work / "session"))
     assert log.returncode == 0 and "narrow" not in log.stderr
     assert len([x for x in log.stdout.splitlines() if x[:1].isdigit()]) == len(doc["trials"])
+    # --resume replays every trial, the hunk search's too (its states come out the same).
+    again = h.envbisect(*h.run_argv("--resume", "--json", str(h.work / "again.json")))
+    assert again.returncode == 0, again.stderr
+    assert line in again.stdout
+    assert again.stderr.count("replayed from the session log") == len(doc["trials"])
+    assert len(Session.existing(h.work / "session").trials()) == len(doc["trials"])
 
 
 def test_an_uncommitted_hunk_is_named_as_such(tmp_path: Path) -> None:
