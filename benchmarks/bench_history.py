@@ -52,6 +52,7 @@ class _Change:
 class _Unit:
     id: str
     changes: tuple[_Change, ...]
+    section: str = "files"
 
 
 class _Manifest:
@@ -77,17 +78,27 @@ class SimFile:
             else:
                 text[-1] = f"last line, version {v}\n"
             self.contents.append("".join(text))
-        self.good = "".join(self.base)
+        self.good_text = "".join(self.base)
         self.items = [f"c{v:02d}" for v in range(commits)] + [UNCOMMITTED]
         self.variants = list(self.contents)
         self.units = [_Unit(UNIT, (_Change(FILE),))]
-        self.bad = _Manifest()
+        self.good = self.bad = _Manifest()
+        self.remote = False
+
+    def ordered(self) -> dict[str, list[str]]:
+        return {UNIT: self.items}
 
     def file_versions(self) -> dict[str, tuple[FileVersion, ...]]:
         return {UNIT: tuple(FileVersion(i, str(n), 0, "s", "d") for n, i in enumerate(self.items))}
 
     def content(self, unit_id: str, pos: int | None) -> bytes:
-        text = self.good if pos == -1 else self.contents[-1] if pos is None else self.variants[pos]
+        text = (
+            self.good_text
+            if pos == -1
+            else self.contents[-1]
+            if pos is None
+            else self.variants[pos]
+        )
         return text.encode()
 
     def add_variant(self, unit_id: str, content: bytes) -> int:
@@ -98,7 +109,7 @@ class SimFile:
 
     def text_of(self, state: State) -> str:
         if UNIT not in state.applied:
-            return self.good
+            return self.good_text
         pos = state.position(UNIT)
         return self.contents[-1] if pos is None else self.variants[pos]
 
