@@ -132,6 +132,7 @@ class Measure:
 class Row:
     extra: int
     exact: bool
+    found: bool  # the engine isolated the file (before anything below it)
 
 
 def one(commits: int, hunks: int, cv: float, seed: int, drop: float = 3.0) -> Row:
@@ -155,7 +156,7 @@ def one(commits: int, hunks: int, cv: float, seed: int, drop: float = 3.0) -> Ro
         and hunk.culprit is not None
         and hunk.culprit.number == sim.culprit_hunk + 1
     )
-    return Row(extra, exact)
+    return Row(extra, exact, [c.units for c in result.culprits] == [(UNIT,)])
 
 
 def goal(commits: int, hunks: int) -> int:
@@ -176,9 +177,9 @@ def main() -> None:
     started = time.perf_counter()
     print(
         "| C commits (+1 uncommitted) | H hunks | noise CV | extra trials mean | max | goal | "
-        "max ≤ goal | exact |"
+        "max ≤ goal | exact | file isolated |"
     )
-    print("|---:|---:|---:|---:|---:|---:|:-:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|:-:|---:|---:|")
     over = 0
     for cv in args.cv:
         for c in args.commits:
@@ -189,9 +190,10 @@ def main() -> None:
                 ok = max(extra) <= g
                 over += not ok
                 exact = sum(r.exact for r in rows) / len(rows)
+                found = sum(r.found for r in rows) / len(rows)
                 print(
                     f"| {c} | {h} | {cv:.0%} | {statistics.mean(extra):.2f} | {max(extra)} | "
-                    f"{g} | {'yes' if ok else '**no**'} | {exact:.1%} |"
+                    f"{g} | {'yes' if ok else '**no**'} | {exact:.1%} | {found:.1%} |"
                 )
     print(
         f"\n{over} cell(s) over the goal; {args.seeds} seeds per cell; "

@@ -30,7 +30,8 @@ UNCOMMITTED = "uncommitted"  # the item of the edit on top of the bad commit
 @dataclass(frozen=True)
 class FileVersion:
     """The file's content after one item: a commit (``item`` its sha) or the uncommitted
-    edit (``item`` is ``UNCOMMITTED``)."""
+    edit (``item`` is ``UNCOMMITTED``; its content is the bad state's own entry and blob,
+    so ``size`` is -1, not read here)."""
 
     item: str
     sha256: str
