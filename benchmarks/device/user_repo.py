@@ -225,6 +225,9 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--size", choices=sorted(SIZES), default="gpu")
     ap.add_argument("--keep", action="store_true", help="keep the workspace (its path is said)")
+    ap.add_argument(
+        "--absolute", action="store_true", help="absolute paths in the command (older envbisect)"
+    )
     ap.add_argument("run_flags", nargs="*", help="extra flags for envbisect run (after --)")
     args = ap.parse_args()
     out = args.out.resolve()
@@ -246,13 +249,16 @@ def main() -> int:
         tr.run([*eb, "snapshot", "--python", py, "--label", "bad", "-o", "manifests/bad.yaml"], ws, env)
         d = tr.run([*eb, "diff", "manifests/good.yaml", "manifests/bad.yaml"], ws, env)
         (out / "diff.txt").write_text(d.stdout + d.stderr)
+        command = ["repo/train.py", "--data", "data/prompts.jsonl"]
+        if args.absolute:
+            command = [str(ws / "repo/train.py"), "--data", str(ws / "data/prompts.jsonl")]
         t = time.monotonic()
         run = tr.run(
             [
                 *eb, "run", "--good", "manifests/good.yaml", "--bad", "manifests/bad.yaml",
                 "--until", "70%", "--session", "sess", "--json", str(out / "run.json"),
                 "--report", str(out / "report.md"), *args.run_flags,
-                "--", "python3", "repo/train.py", "--data", "data/prompts.jsonl",
+                "--", "python3", *command,
             ],
             ws,
             env,
