@@ -66,7 +66,8 @@ for step in range(args.steps):
     # flex attention has no backward on the CPU: there the step is a forward pass.
     with torch.set_grad_enabled(device == "cuda"):
         logits = model(x, mask)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+        flat = logits[:, :-1].flatten(0, 1).float()
+        loss = torch.nn.functional.cross_entropy(flat, x[:, 1:].flatten())
     if device == "cuda":
         loss.backward()
         opt.step()
@@ -74,7 +75,8 @@ for step in range(args.steps):
     if device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    print(f"step {step} | loss {loss.item():.3f} | {args.batch * args.seq / dt / 1000:.1f} Ktok/s", flush=True)
+    ktoks = args.batch * args.seq / dt / 1000
+    print(f"step {step} | loss {loss.item():.3f} | {ktoks:.1f} Ktok/s", flush=True)
 '''
 
 MODEL = '''\
@@ -211,7 +213,7 @@ def drift(ws: Path) -> None:
     git(repo, "commit", "-qam", "model: say what the drafter is", when="2026-11-10T10:00:00Z")
     edit(train, "lr=1e-4", "lr=2e-4")
     git(repo, "commit", "-qam", "train: raise the learning rate", when="2026-11-12T11:00:00Z")
-    edit(model, "return _flex(q, k, v, block_mask=mask)", "return flex_attention(q, k, v, block_mask=mask)")
+    edit(model, "return _flex(q, k, v,", "return flex_attention(q, k, v,")
     git(repo, "commit", "-qam", "model: call flex_attention directly", when="2026-11-14T12:00:00Z")
     edit(model, "nn.GELU()", "nn.GELU(approximate='tanh')")
     git(repo, "commit", "-qam", "model: tanh GELU", when="2026-11-16T13:00:00Z")
@@ -244,9 +246,10 @@ def main() -> int:
     env["PATH"] = f"{Path(py).parent}:{env.get('PATH', '')}"
     try:
         good_state(ws, args.size)
-        tr.run([*eb, "snapshot", "--python", py, "--label", "good", "-o", "manifests/good.yaml"], ws, env)
+        snap = [*eb, "snapshot", "--python", py]
+        tr.run([*snap, "--label", "good", "-o", "manifests/good.yaml"], ws, env)
         drift(ws)
-        tr.run([*eb, "snapshot", "--python", py, "--label", "bad", "-o", "manifests/bad.yaml"], ws, env)
+        tr.run([*snap, "--label", "bad", "-o", "manifests/bad.yaml"], ws, env)
         d = tr.run([*eb, "diff", "manifests/good.yaml", "manifests/bad.yaml"], ws, env)
         (out / "diff.txt").write_text(d.stdout + d.stderr)
         command = ["repo/train.py", "--data", "data/prompts.jsonl"]
