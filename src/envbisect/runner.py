@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envbisect import contention
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.agent.redact import redact_env as redact_value
@@ -51,7 +52,7 @@ from envbisect.bisect.search import (
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
-from envbisect.failure import Failure
+from envbisect.failure import Failure, FailureKind
 from envbisect.metric import (
     RESULT_ENV,
     SAMPLES_ENV,
@@ -80,6 +81,9 @@ def _quiet(_line: str) -> None:
 
 
 # ----------------------------------------------------------------------------- one run
+
+# Failures of a run that count towards a state's crash rate (a build failure is no run).
+CRASH_KINDS = (FailureKind.CRASH, FailureKind.TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,7 @@ class RunLog:
     launch: Launch
     wall_s: float
     measurement: Measurement
+    contention: Mapping[str, Any] | None = None  # other processes' load during the run
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -167,6 +172,7 @@ class RunLog:
             "samples": list(m.samples),
             "failure": m.failure,
             "source": m.source,
+            **({"contention": dict(self.contention)} if self.contention is not None else {}),
         }
 
 
@@ -422,6 +428,14 @@ class TrialRow:
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
     round: int = 0
     worker: str | None = None
+    runs: int = 0  # processes run; a crash ends one
+    crashes: int = 0
+    contended: int = 0  # samples taken while other processes loaded the machine
+
+    @property
+    def crash_rate(self) -> str | None:
+        """``crashed 2 of 6`` when a run of this state crashed."""
+        return f"crashed {self.crashes} of {self.runs}" if self.crashes else None
 
     @classmethod
     def of(cls, trial: Trial, index: int, outlier: str | None) -> TrialRow:
@@ -437,6 +451,9 @@ class TrialRow:
             purpose=trial.purpose,
             round=trial.round,
             worker=trial.worker,
+            runs=trial.runs,
+            crashes=trial.crashes,
+            contended=sum(trial.contended),
         )
 
     @classmethod
@@ -452,6 +469,9 @@ class TrialRow:
             outlier=verdict.get("outlier"),
             round=rec.round or 0,
             worker=rec.worker,
+            runs=rec.runs,
+            crashes=rec.crashes,
+            contended=sum(rec.contended),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -466,6 +486,10 @@ class TrialRow:
             "outlier": self.outlier,
             "round": self.round,
             "worker": self.worker,
+            "runs": self.runs,
+            "crashes": self.crashes,
+            "crash_rate": self.crash_rate,
+            "contended_samples": self.contended,
         }
 
     @classmethod
@@ -481,6 +505,9 @@ class TrialRow:
             purpose=str(d.get("purpose") or ""),
             round=int(d.get("round") or 0),
             worker=d.get("worker"),
+            runs=int(d.get("runs") or 0),
+            crashes=int(d.get("crashes") or 0),
+            contended=int(d.get("contended_samples") or 0),
         )
 
 
@@ -560,6 +587,7 @@ class _TrialWork:
     first_run: int  # more samples of a trial continue its run numbering
     samples: list[float] = field(default_factory=list)
     runs: list[RunLog] = field(default_factory=list)
+    contended: list[bool] = field(default_factory=list)  # per sample
     failure: Failure | None = None
     untestable: bool = False
     notes: tuple[str, ...] = ()
@@ -582,11 +610,15 @@ class _TrialWork:
 
     def outcome(self) -> Outcome:
         """What the engine (or calibration, which reads samples and failure) is told."""
+        crashed = self.failure is not None and self.failure.kind in CRASH_KINDS and self.runs
         return Outcome(
             samples=tuple(self.samples),
             failure=self.failure,
             untestable=self.untestable,
             worker=self.name,
+            runs=len(self.runs),
+            crashes=1 if crashed else 0,
+            contended=tuple(self.contended),
         )
 
 
@@ -649,6 +681,9 @@ class _TrialRunner:
                 failure=logged.failure,
                 untestable=logged.untestable,
                 worker=logged.worker,
+                runs=logged.runs,
+                crashes=logged.crashes,
+                contended=logged.contended,
             )
         work = self._work(
             state, n, worker, cancel, self._trial_dir(index, _worker_name(worker), calibration)
@@ -748,12 +783,21 @@ class _TrialRunner:
             untestable=work.untestable,
             worker=work.name,
             round=self.rounds.get(work.state),
+            runs=len(work.runs),
+            crashes=work.outcome().crashes,
+            contended=tuple(work.contended),
         )
         with self._lock:
             self.session.append(rec.as_event())
             self.records.append(rec)
-        shown = ", ".join(format_ktok(s) for s in work.samples) or "-"
+        shown = ", ".join(
+            format_ktok(s) + ("*" if busy else "")
+            for s, busy in zip(work.samples, work.contended + [False] * len(work.samples))
+        )
+        shown = shown or "-"
         tail = f"; {work.failure}" if work.failure else ""
+        if any(work.contended):
+            tail += "; * other processes loaded the machine"
         on = f" on {work.name}" if work.name else ""
         self.progress(f"  {shown} Ktok/s{tail}{on}  [log {work.trial_dir}]")
         return work.outcome()
@@ -808,7 +852,13 @@ class _TrialRunner:
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )
+        window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
+        if window is not None:
+            # Measured here, on the machine the run used: a remote target's load is not ours.
+            reading = window.finish()
+            work.runs[-1] = replace(work.runs[-1], contention=reading.as_dict())
+            work.contended.extend([reading.contended] * len(m.samples))
         if self.after_run is not None and work.worker is not None:
             m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
@@ -1111,6 +1161,10 @@ class _RunContext:
                 progress(f"not bisected: {blocked[unit.id]}")
         for note in notes:
             progress(f"note: {note}")
+        busy = None if options.transport.layers else contention.busy_warning(contention.probe())
+        if busy is not None:  # said once; each trial's samples are flagged on their own
+            progress(f"warning: {busy}")
+            notes = (*notes, f"at the start: {busy}")
         return cls(diff, blocked, notes, session, options, bad_path, bad, actuator)
 
     def result(self, *, outcome: str, threshold: float | None, message: str) -> RunResult:
