@@ -655,6 +655,7 @@ class _TrialRunner:
         # Set by envbisect.parallel: a worker's reading of a finished run (Slurm's reason
         # for a kill) and the Slurm allocations to cancel at the end.
         self.after_run: Callable[[Measurement, Path, Worker], Measurement] | None = None
+        self.filled: set[str] = set()  # states whose warm caches a run has made (_fill)
         self.allocations: Allocations | None = None
 
     def __call__(self, state: State, n: int) -> Outcome:
@@ -762,6 +763,8 @@ class _TrialRunner:
                 work.notes = (*work.notes, check.summary())
             elif not check.faithful:
                 work.failure, work.untestable = Failure(check.summary()), True
+        if work.failure is None and realized.fill:
+            work.failure = self._fill(work, realized)
         if work.failure is None:
             endpoint = not work.applied or len(work.applied) == self.n_units
             work.failure = self._sample(work, realized, endpoint)
@@ -839,6 +842,42 @@ class _TrialRunner:
             samples.extend(m.samples)
         return None
 
+    def _fill(self, work: _TrialWork, realized: Realized) -> Failure | None:
+        """Make the warm caches whose recorded content is gone: run the state once into
+        their empty dirs (the built-in drafter with one drafter thread: compiling in threads
+        is what races), once per trial; its runs then measure with what that run compiled."""
+        key = state_key(work.applied, work.state.positions)
+        if key in self.filled:
+            return None
+        smoke, how = self.o.smoke, "one run of this state's command"
+        if smoke.builtin:
+            params = {**smoke.drafter_params, "drafter_threads": 1}
+            smoke, how = replace(smoke, drafter_params=params), "one single-threaded run"
+        spec = RunSpec(
+            transport=work.transport,
+            python=realized.python,
+            env=realized.env,
+            cwd=realized.cwd,
+            timeout_s=self.o.timeout_s,
+            log_dir=work.trial_dir,
+            name="fill",
+            argv_map=realized.map_argv,
+            pin=work.worker.pin_argv() if work.worker is not None else (),
+        )
+        m = run_once(smoke, spec)
+        names = ", ".join(realized.fill)
+        if not m.ok:
+            return Failure.build(f"caches {names}: making the warm cache failed: {m.failure}")
+        with self._lock:
+            self.filled.add(key)
+        note = (
+            f"caches {names}: the recorded warm cache is gone; warm made by {how} into an "
+            "empty dir, then measured"
+        )
+        work.notes = (*work.notes, note)
+        self.progress(f"  {note}")
+        return None
+
     def _run(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
         spec = RunSpec(
             transport=work.transport,
@@ -852,6 +891,11 @@ class _TrialRunner:
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )
+        if not work.transport.layers:
+            # A cold cache is cold for every run, not only the trial's first: what an
+            # earlier run of the trial compiled into it is removed.
+            for path in realized.cold:
+                _empty_dir(Path(path))
         window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
         if window is not None:
@@ -862,6 +906,12 @@ class _TrialRunner:
         if self.after_run is not None and work.worker is not None:
             m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
+
+
+def _empty_dir(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+        path.mkdir()
 
 
 def _worker_name(worker: Worker | None) -> str | None:
