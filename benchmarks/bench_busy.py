@@ -33,9 +33,7 @@ class BusyCore:
     """One core kept busy by a shell loop in its own process group, ended on exit."""
 
     def __enter__(self) -> BusyCore:
-        self.proc = subprocess.Popen(
-            ["sh", "-c", "while :; do :; done"], start_new_session=True
-        )
+        self.proc = subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True)
         time.sleep(0.5)  # let the scheduler see it before the measured run starts
         return self
 
@@ -74,7 +72,7 @@ def main() -> int:
     for i in range(ns.pairs):
         for name, extra in settings.items():
             pair: dict[str, dict] = {}
-            for busy in ((False, True) if i % 2 == 0 else (True, False)):
+            for busy in (False, True) if i % 2 == 0 else (True, False):
                 if busy:
                     with BusyCore():
                         pair["busy"] = run_once(extra)

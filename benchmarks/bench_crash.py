@@ -114,7 +114,9 @@ def main() -> int:
                 )
                 if name == "rate":
                     ok = "met" if right >= 0.95 else "MISSED"
-                    goals.append(f"- rate 1/{round(1 / rate)}, N={n}: right {right:.1%} >= 95% {ok}")
+                    goals.append(
+                        f"- rate 1/{round(1 / rate)}, N={n}: right {right:.1%} >= 95% {ok}"
+                    )
     print("\n" + "\n".join(goals))
     print(f"\n{ns.seeds} seeds per cell; {time.perf_counter() - started:.0f} s in all.")
     return 0

@@ -65,8 +65,8 @@ class Contention:
         if self.others_cores is not None and self.others_cores >= CONTENDED_CORES:
             n = max(1, round(self.others_cores))
             pct = min(100, round(100 * self.others_cores / n))
-            verb = "core is" if n == 1 else "cores are"
-            who = ", ".join(f"pid {b.pid} {b.name}" for b in self.top)
+            verb = "cores is" if n == 1 else "cores are"  # "1 of 2 cores is ..."
+            who = ", ".join(f"pid {b.pid} {b.name}" for b in self.top[:3])
             parts.append(f"{n} of {self.cores} {verb} {pct}% busy" + (f" ({who})" if who else ""))
         if self.gpu_others:
             parts.append("other processes on the GPU (" + ", ".join(self.gpu_others) + ")")
@@ -82,7 +82,9 @@ class Contention:
         if self.gpu_others:
             out["gpu_others"] = list(self.gpu_others)
         if self.top:
-            out["top"] = [{"pid": b.pid, "name": b.name, "cores": round(b.cores, 2)} for b in self.top]
+            out["top"] = [
+                {"pid": b.pid, "name": b.name, "cores": round(b.cores, 2)} for b in self.top
+            ]
         return out
 
     @classmethod
@@ -230,8 +232,9 @@ def _process_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
-def probe(seconds: float = 0.5) -> Contention:
-    """A short look at the machine now, naming the other processes that keep it busy."""
+def probe(seconds: float = 0.5, min_cores: float = NAMED_CORES) -> Contention:
+    """A short look at the machine now, naming the other processes that took at least
+    ``min_cores`` (busiest first; the warning names three)."""
     window = Window.start()
     before = _process_cpu()
     time.sleep(seconds)  # the window measured: CPU time accrues in it
@@ -245,7 +248,7 @@ def probe(seconds: float = 0.5) -> Contention:
         if was is None or pid == me:
             continue
         cores = (cpu - was[1]) / wall
-        if cores >= NAMED_CORES and not is_ours(pid, me):
+        if cores >= min_cores and not is_ours(pid, me):
             top.append(Busy(pid, name, cores))
     top.sort(key=lambda b: -b.cores)
     return Contention(
@@ -253,7 +256,7 @@ def probe(seconds: float = 0.5) -> Contention:
         others_cores=reading.others_cores,
         load1=reading.load1,
         gpu_others=reading.gpu_others,
-        top=tuple(top[:3]),
+        top=tuple(top),
     )
 
 

@@ -207,8 +207,7 @@ class Plan(Placement):
             "worktrees": [list(w) for w in self.worktrees],
             "swaps": [{"path": s.path, "sha256": s.sha256, "key": s.key} for s in self.swaps],
             "caches": [
-                {"name": c.name, "dest": c.dest, "src": c.src, "fill": c.fill}
-                for c in self.caches
+                {"name": c.name, "dest": c.dest, "src": c.src, "fill": c.fill} for c in self.caches
             ],
         }
 

@@ -395,6 +395,7 @@ class RunOptions:
     max_trials: int | None = None
     timeout_s: float = 600
     on_crash: str = "bad"
+    crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
@@ -410,6 +411,7 @@ class RunOptions:
             ordered=ordered,
             on_failure=self.on_crash,
             workers=workers,
+            crash_runs=self.crash_runs,
         )
 
 
@@ -795,7 +797,9 @@ class _TrialRunner:
             self.records.append(rec)
         shown = ", ".join(
             format_ktok(s) + ("*" if busy else "")
-            for s, busy in zip(work.samples, work.contended + [False] * len(work.samples))
+            for s, busy in zip(
+                work.samples, work.contended + [False] * len(work.samples), strict=False
+            )
         )
         shown = shown or "-"
         tail = f"; {work.failure}" if work.failure else ""

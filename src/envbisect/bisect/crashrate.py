@@ -7,11 +7,12 @@ run: a state that ran clean once may still crash like the bad state. So the bad 
 rate is estimated first (``CrashRate``, from ``ESTIMATE_CRASHES`` crashes or
 ``ESTIMATE_RUNS`` runs, whichever comes first), and every state that did not crash is run
 until a state crashing at that rate would have crashed in one of its runs with probability
-``CONFIDENCE`` (``runs_to_clear``) -- per state at least, and higher by the number of states a
-bisection judges (``clear_confidence``), so that the whole search is right that often. The rate used is a lower confidence bound of the estimate
-(Wilson, one-sided ``Z_LOWER``): a few runs can overstate a rate, and an overstated rate
-clears states too cheaply. A state that crashed once is bad (``on_failure="bad"``): one crash
-is proof, clean runs are only evidence.
+``CONFIDENCE`` (``runs_to_clear``) -- per state at least, and higher by the number of states
+a bisection judges (``clear_confidence``), so that the whole search is right that often.
+The rate used is a lower confidence bound of the estimate (Wilson, one-sided ``Z_LOWER``): a
+few runs can overstate a rate, and an overstated rate clears states too cheaply. A state
+that crashed once is bad (``on_failure="bad"``): one crash is proof, clean runs are only
+evidence.
 
 Simulated: ``benchmarks/bench_crash.py`` (rates 1/3 and 1/8; right answers and runs spent).
 """

@@ -69,8 +69,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
 from envbisect.bisect.crashrate import CrashRate, clear_confidence, runs_to_clear
+from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
 from envbisect.failure import Failure, FailureKind
 from envbisect.metric import format_ktok
 
@@ -544,8 +544,9 @@ class _Engine:
             raise TypeError(f"test function returned {type(out).__name__}, not Outcome")
         if rec.worker is None:
             rec.worker = out.worker
-        flags = list(out.contended) + [False] * (len(out.samples) - len(out.contended))
-        kept = [(float(x), f) for x, f in zip(out.samples, flags) if math.isfinite(float(x))]
+        flags = (list(out.contended) + [False] * len(out.samples))[: len(out.samples)]
+        pairs = zip(out.samples, flags, strict=True)
+        kept = [(float(x), f) for x, f in pairs if math.isfinite(float(x))]
         good = [x for x, _ in kept]
         rec.samples.extend(good)
         rec.contended.extend(f for _, f in kept)

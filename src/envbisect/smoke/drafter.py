@@ -1199,7 +1199,7 @@ def size_cpu_threads(p, usable, busy_cores, omp_env):
         return 1, "tiny preset: one thread (its ops are too small to share)"
     busy = int(round(busy_cores or 0.0))
     free = max(1, usable - busy)
-    return free, "{} usable cores, {} busy at start".format(usable, busy)
+    return free, f"{usable} usable cores, {busy} busy at start"
 
 
 def _set_cpu_threads(torch, p):
