@@ -42,7 +42,9 @@ def test_the_rate_its_lower_bound_and_the_runs_that_clear_a_state() -> None:
     two_of_six = CrashRate(2, 6)
     assert two_of_six.describe() == "crashed 2 of 6" and two_of_six.intermittent
     assert 0 < two_of_six.lower() < two_of_six.rate
-    assert not CrashRate(1, 5).estimated() and CrashRate(3, 7).estimated()
+    assert not CrashRate(1, 5).estimated() and CrashRate(3, 10).estimated()
+    assert CrashRate(3, 3).estimated()  # a steady crash: no need to go on
+    assert not CrashRate(3, 5).estimated()  # three quick crashes may overstate a rare one
     assert CrashRate(0, 24).estimated()  # a rate that low is estimated by its runs
     # (1 - lower)^runs <= 1 - confidence: a state crashing like it shows in that many runs
     for crash in (CrashRate(3, 9), CrashRate(3, 24), CrashRate(3, 3)):

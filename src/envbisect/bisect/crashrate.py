@@ -4,15 +4,15 @@ clear a state of crashing like it. Pure arithmetic, no I/O.
 A crash that strikes in some processes and not others (the field's FX race: 7 of 7 processes
 with a cold compile cache, a few in ten with shapes that recompile) cannot be judged from one
 run: a state that ran clean once may still crash like the bad state. So the bad endpoint's
-rate is estimated first (``CrashRate``, from ``ESTIMATE_CRASHES`` crashes or
-``ESTIMATE_RUNS`` runs, whichever comes first), and every state that did not crash is run
-until a state crashing at that rate would have crashed in one of its runs with probability
-``CONFIDENCE`` (``runs_to_clear``) -- per state at least, and higher by the number of states
-a bisection judges (``clear_confidence``), so that the whole search is right that often.
-The rate used is a lower confidence bound of the estimate (Wilson, one-sided ``Z_LOWER``): a
-few runs can overstate a rate, and an overstated rate clears states too cheaply. A state
-that crashed once is bad (``on_failure="bad"``): one crash is proof, clean runs are only
-evidence.
+rate is estimated first (``CrashRate``: ``ESTIMATE_CRASHES`` crashes in every run so far or
+in at least ``ESTIMATE_MIN_RUNS`` runs, else ``ESTIMATE_RUNS`` runs), and every state that
+did not crash is run until a state crashing at that rate would have crashed in one of its
+runs with probability ``CONFIDENCE`` (``runs_to_clear``) -- per state at least, and higher
+by the number of states a bisection judges (``clear_confidence``), so that the whole search
+is right that often. The rate used is a lower confidence bound of the estimate (Wilson,
+one-sided ``Z_LOWER``): a few runs can overstate a rate, and an overstated rate clears
+states too cheaply. A state that crashed once is bad (``on_failure="bad"``): one crash is
+proof, clean runs are only evidence.
 
 Simulated: ``benchmarks/bench_crash.py`` (rates 1/3 and 1/8; right answers and runs spent).
 """
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 CONFIDENCE = 0.95
 ESTIMATE_CRASHES = 3
 ESTIMATE_RUNS = 24
+ESTIMATE_MIN_RUNS = 10
 Z_LOWER = 1.0  # one-sided: the rate is at least this bound with about 84% confidence
 MAX_CLEAR_RUNS = 100  # a rate this low costs more runs than a bisection is worth
 
@@ -60,9 +61,13 @@ class CrashRate:
         return f"crashed {self.crashes} of {self.runs}"
 
     def estimated(self) -> bool:
-        """Enough runs to use the rate: ``ESTIMATE_CRASHES`` crashes or ``ESTIMATE_RUNS``
-        runs."""
-        return self.crashes >= ESTIMATE_CRASHES or self.runs >= ESTIMATE_RUNS
+        """Enough runs to use the rate: ``ESTIMATE_RUNS`` runs, or ``ESTIMATE_CRASHES``
+        crashes in every run so far (a steady crash) or in at least ``ESTIMATE_MIN_RUNS``
+        (three quick crashes of a rare one would overstate its rate)."""
+        if self.runs >= ESTIMATE_RUNS:
+            return True
+        enough = self.crashes == self.runs or self.runs >= ESTIMATE_MIN_RUNS
+        return self.crashes >= ESTIMATE_CRASHES and enough
 
 
 def clear_confidence(units: int, overall: float = CONFIDENCE) -> float:
