@@ -28,11 +28,11 @@ warm = os.path.exists(kernel)
 acc, tokens = 0, 4000
 start = time.perf_counter()
 if not warm:
-    for t in range(tokens * 40):  # the compile
+    for t in range(tokens * 320):  # the compile: 8 times the work of the steps
         acc = (acc + t * t) % 1000003
     with open(kernel, "w") as fh:
         fh.write(str(acc))
-for t in range(tokens):
+for t in range(tokens * 40):  # the steps
     acc = (acc + t) % 1000003
 rate = tokens / (time.perf_counter() - start)
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "runs.log"), "a") as fh:
@@ -92,3 +92,28 @@ def test_a_cleared_warm_cache_is_made_by_a_run_and_bisected(tmp_path: Path) -> N
     assert runs.count("cold") == len(fills) + measured(cold_trials)
     # The user's cleared cache stays as it is.
     assert list((tmp_path / "inductor").iterdir()) == []
+
+
+# A workload that keeps no compile cache: its speed is set by EB_SLOW alone.
+UNCACHED = r"""
+import json, os
+n = int(os.environ.get("ENVBISECT_SAMPLES", "1"))
+rate = 300.0 if os.environ.get("EB_SLOW") else 1000.0
+with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
+    samples = [rate * (1 + 0.01 * k) for k in range(n)]
+    json.dump({"ok": True, "tok_per_s": rate, "samples": samples}, fh)
+"""
+
+
+def test_a_command_that_writes_no_cache_is_filled_once(tmp_path: Path) -> None:
+    script, good, _bad = _world(tmp_path)
+    script.write_text(UNCACHED)
+    cold = {"path": str(tmp_path / "inductor"), "exists": True, "files": 0, "bytes": 0}
+    bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold}, env={"EB_SLOW": "1"})
+    res, doc = _run(tmp_path, script, good, bad)
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    trials = sorted((tmp_path / "session" / "trials").iterdir())
+    assert len([t for t in trials if (t / "fill.stdout").exists()]) == 1
+    assert "later states skip that run" in res.stderr
+    assert "warm is the empty dir (the command writes none)" in res.stderr

@@ -63,6 +63,7 @@ from envbisect.metric import (
     format_tok,
     measure,
 )
+from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
@@ -658,6 +659,7 @@ class _TrialRunner:
         # for a kill) and the Slurm allocations to cancel at the end.
         self.after_run: Callable[[Measurement, Path, Worker], Measurement] | None = None
         self.filled: set[str] = set()  # states whose warm caches a run has made (_fill)
+        self.fill_writes_nothing = False  # a filling run left its cache dirs empty
         self.allocations: Allocations | None = None
 
     def __call__(self, state: State, n: int) -> Outcome:
@@ -853,6 +855,12 @@ class _TrialRunner:
         key = state_key(work.applied, work.state.positions)
         if key in self.filled:
             return None
+        names = ", ".join(realized.fill)
+        if self.fill_writes_nothing:
+            # An earlier filling run left its dirs empty: the command keeps no compile cache
+            # there, so a run now would make exactly the empty dir the state already has.
+            self.progress(f"  caches {names}: warm is the empty dir (the command writes none)")
+            return None
         smoke, how = self.o.smoke, "one run of this state's command"
         if smoke.builtin:
             params = {**smoke.drafter_params, "drafter_threads": 1}
@@ -869,14 +877,16 @@ class _TrialRunner:
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )
         m = run_once(smoke, spec)
-        names = ", ".join(realized.fill)
         if not m.ok:
             return Failure.build(f"caches {names}: making the warm cache failed: {m.failure}")
+        wrote = _wrote_into(realized, work.transport)
         with self._lock:
             self.filled.add(key)
+            self.fill_writes_nothing = wrote is False
         note = (
             f"caches {names}: the recorded warm cache is gone; warm made by {how} into an "
             "empty dir, then measured"
+            + ("; it wrote nothing there, so later states skip that run" if wrote is False else "")
         )
         work.notes = (*work.notes, note)
         self.progress(f"  {note}")
@@ -910,6 +920,15 @@ class _TrialRunner:
         if self.after_run is not None and work.worker is not None:
             m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
+
+
+def _wrote_into(realized: Realized, transport: Transport) -> bool | None:
+    """Whether the filling run put files into the cache dirs it filled; None when they are
+    on a remote target (not looked at from here)."""
+    if transport.layers:
+        return None
+    dirs = [Path(realized.env[CACHE_ENV[name]]) for name in realized.fill]
+    return any(path.is_dir() and any(path.iterdir()) for path in dirs)
 
 
 def _empty_dir(path: Path) -> None:
