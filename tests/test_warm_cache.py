@@ -77,6 +77,7 @@ def test_a_cleared_warm_cache_is_made_by_a_run_and_bisected(tmp_path: Path) -> N
     assert "caches:inductor" not in doc["not_bisected"]
     note = "the recorded warm cache is gone; warm made by one run of this state's command"
     assert note in res.stderr
+    assert any(note in n for n in doc["notes"]) and note in (tmp_path / "report.md").read_text()
     # Every warm state's trial began with one filling run, then measured warm; every run
     # of a cold state found the cache empty (the endpoints' second process too).
     trials = sorted((tmp_path / "session" / "trials").iterdir())

@@ -660,6 +660,7 @@ class _TrialRunner:
         self.after_run: Callable[[Measurement, Path, Worker], Measurement] | None = None
         self.filled: set[str] = set()  # states whose warm caches a run has made (_fill)
         self.fill_writes_nothing = False  # a filling run left its cache dirs empty
+        self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
 
     def __call__(self, state: State, n: int) -> Outcome:
@@ -890,6 +891,8 @@ class _TrialRunner:
         )
         work.notes = (*work.notes, note)
         self.progress(f"  {note}")
+        with self._lock:
+            self.fill_notes.append(note)
         return None
 
     def _run(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
@@ -1067,6 +1070,8 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         session.journal.restore()
         atexit.unregister(_quietly)
     out = _result(result, context, tester.index_of)
+    if tester.fill_notes:  # how warm was made, said once in the report and --json
+        out = replace(out, notes=(*out.notes, *dict.fromkeys(tester.fill_notes)))
     if actuator.kept:  # files the user edited while the run went on: said again at the end
         out = replace(out, notes=(*out.notes, *actuator.kept))
     session.append(
