@@ -4,6 +4,7 @@ other state gets, and how trials say it (engine with a seeded oracle; pure, no I
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,56 @@ def test_without_crash_runs_a_bad_endpoint_that_runs_clean_is_not_reproduced() -
     assert result.trials[1].runs <= 9  # only what the noise model asked for
     looked = search(UNITS, Intermittent("u2", 0.0001, seed=3), crash_runs=40)
     assert looked.outcome is SearchOutcome.NOT_REPRODUCED and looked.trials[1].runs == 40
+
+
+# A real command that crashes in one run of three while EB_FLAKY is set (a counter file
+# beside it stands in for the race's timing), else runs at one speed.
+FLAKY = r"""
+import json, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+n = int(os.environ.get("ENVBISECT_SAMPLES", "1"))
+if os.environ.get("EB_FLAKY"):
+    path = os.path.join(here, "count")
+    count = int(open(path).read()) + 1 if os.path.exists(path) else 1
+    open(path, "w").write(str(count))
+    if count % 3 == 0:
+        sys.exit("RuntimeError: Detected that you are using FX to symbolically trace")
+with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
+    json.dump({"ok": True, "tok_per_s": 1000.0, "samples": [1000.0 + k for k in range(n)]}, fh)
+"""
+
+
+@pytest.mark.slow
+def test_run_says_the_crash_rate_per_trial(tmp_path: Path) -> None:
+    import json
+    import sys
+
+    from click.testing import CliRunner
+
+    from envbisect.cli import cli
+    from tests.helpers_run import manifest
+
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    good = manifest(tmp_path / "good.yaml", env={})
+    bad = manifest(tmp_path / "bad.yaml", env={"EB_FLAKY": "1", "EB_HARMLESS": "1"})
+    (tmp_path / "envbisect.yaml").write_text("{}\n")
+    out = tmp_path / "r.json"
+    argv = [
+        "run", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
+        "--good", str(good), "--bad", str(bad), "--session", str(tmp_path / "session"),
+        "--json", str(out), "--report", str(tmp_path / "report.md"), "--crash-runs", "6",
+        "--", sys.executable, str(script),
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0, res.output
+    doc = json.loads(out.read_text())
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_FLAKY"]
+    bad_row = doc["trials"][1]
+    assert bad_row["crashes"] >= 3 and bad_row["crash_rate"] == (
+        f"crashed {bad_row['crashes']} of {bad_row['runs']}"
+    )
+    clean = [t for t in doc["trials"] if not t["crashes"]]
+    assert clean and all(t["runs"] > 3 for t in clean)  # cleared, not judged on one run
+    assert bad_row["crash_rate"] in res.stderr  # progress
+    assert bad_row["crash_rate"] in (tmp_path / "report.md").read_text()  # table
