@@ -91,6 +91,12 @@ def test_a_cleared_warm_cache_is_made_by_a_run_and_bisected(tmp_path: Path) -> N
     cold_trials = [t for t in trials if t not in fills]
     assert runs.count("warm") == measured(fills)
     assert runs.count("cold") == len(fills) + measured(cold_trials)
+    # Every run recorded the machine's contention while it ran; flagged samples are counted.
+    for t in trials:
+        for call in json.loads((t / "trial.json").read_text())["calls"]:
+            for run in call["runs"]:
+                assert {"others_cores", "load1", "contended", "cores"} <= set(run["contention"])
+    assert all("contended_samples" in t for t in doc["trials"])
     # The user's cleared cache stays as it is.
     assert list((tmp_path / "inductor").iterdir()) == []
 
