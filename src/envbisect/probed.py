@@ -166,14 +166,19 @@ class Delivery:
         config = {"result": str(self.file)} if self.file else {"nonce": self.nonce}
         return {CONFIG_ENV: json.dumps(config)}
 
-    def collect(self, stdout: bytes, log_dir: Path, name: str) -> tuple[dict[str, Any] | None, bytes]:
+    def collect(
+        self, stdout: bytes, log_dir: Path, name: str
+    ) -> tuple[dict[str, Any] | None, bytes]:
         """The facts (also kept as ``<name>.facts.json``) and stdout without the frame."""
         if self.nonce is None:
             return read_facts(self.file) if self.file else None, stdout
         data = find_frame(stdout, self.nonce)
         marker = re.compile(
-            rb"\r?\n?<<ENVBISECT " + re.escape(self.nonce.encode()) + rb" BEGIN>>.*?<<ENVBISECT "
-            + re.escape(self.nonce.encode()) + rb" END>>\r?\n?",
+            rb"\r?\n?<<ENVBISECT "
+            + re.escape(self.nonce.encode())
+            + rb" BEGIN>>.*?<<ENVBISECT "
+            + re.escape(self.nonce.encode())
+            + rb" END>>\r?\n?",
             re.DOTALL,
         )
         stdout = marker.sub(b"\n", stdout)
@@ -214,3 +219,64 @@ def trial_facts(trial_dir: Path | str | None) -> dict[str, Any] | None:
         if data is not None:
             return data
     return None
+
+
+def shown(argv: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``argv`` as logs show it: the bootstrap's long word named, not spelled out."""
+    boot = bootstrap()
+    return tuple("<envbisect probe bootstrap>" if w == boot else w for w in argv)
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """One command run under the probe (``envbisect probe``): its facts and how it ended."""
+
+    argv: tuple[str, ...]
+    facts: dict[str, Any] | None
+    exit_status: int | None
+    timed_out: bool
+    log_dir: Path
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "argv": list(shown(self.argv)),
+            "exit_status": self.exit_status,
+            "timed_out": self.timed_out,
+            "log_dir": str(self.log_dir),
+            "facts": self.facts,
+        }
+
+
+def probe_command(
+    argv: tuple[str, ...] | list[str],
+    *,
+    transport: Any,
+    python: str,
+    timeout_s: float,
+    log_dir: Path,
+) -> ProbeRun:
+    """Run ``argv`` once under the probe through ``transport``; the program's output goes
+    to ``log_dir`` (``probe.stdout``, ``probe.stderr``), its facts come back."""
+    from envbisect.errors import UsageError
+
+    wrapped = wrap(argv, python)
+    if not wrapped.probed:
+        raise UsageError(f"cannot run {shlex_join(argv)} under the probe: {wrapped.why_not}")
+    remote = bool(transport.layers)
+    delivery = Delivery.for_run(log_dir, "probe", remote)
+    env = None
+    if remote:
+        transport = transport.with_env(delivery.env())
+    else:
+        env = {**os.environ, **delivery.env()}
+    res = transport.run(
+        list(wrapped.argv), timeout_s=timeout_s, log_dir=log_dir, env=env, name="probe"
+    )
+    facts, _stdout = delivery.collect(res.stdout(), log_dir, "probe")
+    return ProbeRun(wrapped.argv, facts, res.returncode, res.timed_out, log_dir)
+
+
+def shlex_join(argv: tuple[str, ...] | list[str]) -> str:
+    import shlex
+
+    return shlex.join(list(argv))

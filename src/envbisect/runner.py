@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbisect import manifest as mf
+from envbisect import probed
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.agent.redact import redact_env as redact_value
 from envbisect.agent.redact import redact_tree
@@ -51,6 +52,8 @@ from envbisect.bisect.search import (
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
+from envbisect.facts import explain as explain_facts
+from envbisect.facts import from_drafter
 from envbisect.failure import Failure
 from envbisect.metric import (
     RESULT_ENV,
@@ -89,6 +92,8 @@ class SmokeCommand:
     argv: tuple[str, ...] = ()
     metric: MetricSpec | None = None
     drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
+    probe: bool = True  # a Python command runs under the probe (envbisect.probed)
+    warmup_lines: int | None = None  # --metric-regex: matched lines dropped (None: a third)
 
     @property
     def builtin(self) -> bool:
@@ -218,6 +223,7 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         result_file=None if spec.remote else result_file,
         frame=frame,
         spec=smoke.metric,
+        warmup_lines=smoke.warmup_lines,
     )
 
 
@@ -230,6 +236,8 @@ def _launch_drafter(
     launch = _launch(spec, run_env, [*spec.pin, spec.python, "-"], bundle.source, slack_s=5)
     launch = replace(launch, argv=(spec.python, "-", f"(stdin: {DRAFTER} {params})"))
     frame = find_frame(launch.stdout, bundle.nonce)
+    if frame is not None and "__agent_error__" not in frame:
+        probed.write_facts(spec.log_dir / f"{spec.name}{probed.FACTS_SUFFIX}", from_drafter(frame))
     if frame is not None and "__agent_error__" in frame:
         failed = Measurement(None, Failure.crash(f"{frame['__agent_error__']}"), "frame")
         return replace(launch, reading=failed), frame
@@ -239,18 +247,30 @@ def _launch_drafter(
 def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> Launch:
     """A user command, its paths mapped into the state; through layers it changes into the
     state's cwd on the far side."""
-    argv = [*spec.pin, *(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)]
+    argv = list(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)
+    delivery = None
+    if smoke.probe:
+        wrapped = probed.wrap(argv, spec.python)
+        if wrapped.probed:
+            argv = list(wrapped.argv)
+            delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
+            run_env.update(delivery.env())
+    argv = [*spec.pin, *argv]
     if spec.remote and spec.cwd is not None:
         argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
     program = None
     if not spec.remote:
         program = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
     try:
-        return replace(_launch(spec, run_env, argv), program=program)
+        launch = replace(_launch(spec, run_env, argv), program=program)
     except TransportError as exc:
         # e.g. the state's PATH has no such program: this state cannot run the command.
         failed = Measurement(None, Failure.crash(f"{exc}"), None)
         return Launch(tuple(argv), program, reading=failed)
+    if delivery is None:
+        return launch
+    _facts, stdout = delivery.collect(launch.stdout, spec.log_dir, spec.name)
+    return replace(launch, stdout=stdout, argv=probed.shown(launch.argv))
 
 
 def _launch(
@@ -422,6 +442,7 @@ class TrialRow:
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
     round: int = 0
     worker: str | None = None
+    facts: Mapping[str, Any] | None = None  # its last run's (probe or drafter), if any
 
     @classmethod
     def of(cls, trial: Trial, index: int, outlier: str | None) -> TrialRow:
@@ -466,6 +487,7 @@ class TrialRow:
             "outlier": self.outlier,
             "round": self.round,
             "worker": self.worker,
+            "facts": self.facts,
         }
 
     @classmethod
@@ -481,6 +503,7 @@ class TrialRow:
             purpose=str(d.get("purpose") or ""),
             round=int(d.get("round") or 0),
             worker=d.get("worker"),
+            facts=d.get("facts"),
         )
 
 
@@ -503,6 +526,7 @@ class Culprit:
     details: tuple[str, ...] = ()  # what it changed: content diff, commits, versions
     good_trial: int | None = None  # the trial numbers of the evidence
     bad_trial: int | None = None
+    why: tuple[str, ...] = ()  # the facts that differ, good vs bad (envbisect.facts)
 
     def changes(self) -> list[dict[str, Any]]:
         from envbisect.render import show_value
@@ -785,11 +809,13 @@ class _TrialRunner:
         n, samples = work.n, work.samples
         per_run = -(-n // 2) if endpoint and n > 1 else n
         k = work.first_run - 1
-        while len(samples) < n:
+        # A log with a throughput per step gives all n in one process: an endpoint still
+        # takes a second one.
+        while len(samples) < n or (endpoint and n > 1 and k - work.first_run < 1):
             if work.cancelled():
                 raise KeyboardInterrupt
             k += 1
-            m = self._run(work, realized, f"run-{k}", min(per_run, n - len(samples)))
+            m = self._run(work, realized, f"run-{k}", max(1, min(per_run, n - len(samples))))
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
@@ -1345,7 +1371,11 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
     if outcome == "not-reproduced":
         message += _threshold_hint(result, context.options)
     culprits, notes = _culprits(result, context, numbers)
-    rows = _rows(result, numbers)
+    rows = tuple(
+        replace(r, facts=probed.trial_facts(context.session.root / "trials" / f"{r.index:03d}"))
+        for r in _rows(result, numbers)
+    )
+    culprits = tuple(replace(c, why=_why(c, rows)) for c in culprits)
     full = {u for t in result.trials for u in t.state.applied}
     bad_med = next(
         (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
@@ -1394,6 +1424,14 @@ def _culprits(
                 )
             )
     return tuple(culprits), tuple(notes)
+
+
+def _why(culprit: Culprit, rows: Sequence[TrialRow]) -> tuple[str, ...]:
+    """The facts of the culprit's evidence trials that differ, good vs bad."""
+    by_index = {r.index: r.facts for r in rows}
+    if culprit.good_trial is None or culprit.bad_trial is None:
+        return ()
+    return explain_facts(by_index.get(culprit.good_trial), by_index.get(culprit.bad_trial))
 
 
 def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, ...]:

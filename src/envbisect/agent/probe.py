@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import functools
 import json
 import os
@@ -120,10 +121,8 @@ class _PostImport:
 
 def _quietly(fn, *args):
     """A hook that fails leaves the program alone (and the fact unknown)."""
-    try:
+    with contextlib.suppress(Exception):
         fn(*args)
-    except Exception:
-        pass
 
 
 def _thread_no(ident):
@@ -380,7 +379,7 @@ def facts():
             try:
                 out[key] = fn(torch)
             except Exception as exc:
-                out[key] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+                out[key] = {"error": f"{type(exc).__name__}: {exc}"}
     out["flex"] = {
         "eager_calls": _S["flex_eager"],
         "compiled_graphs": _S["flex_graphs"],
@@ -392,7 +391,7 @@ def facts():
     out["threads"] = {
         "called_compiled": len(compiled),
         "alive_at_exit": sorted(
-            "thread %d (%s)" % (_S["thread_no"].get(i, 0), name)
+            f"thread {_S['thread_no'].get(i, 0)} ({name})"
             for i, name in compiled.items()
             if i in alive and i != threading.main_thread().ident
         ),
@@ -468,7 +467,7 @@ def _fx_facts():
         if original is not None or (code is not None and code.co_filename != st.__file__):
             state = "patched"
             if code is not None:
-                where = "%s:%d" % (code.co_filename, code.co_firstlineno)
+                where = f"{code.co_filename}:{code.co_firstlineno}"
     try:
         value, storage = _flag(st)
     except Exception:
@@ -494,7 +493,7 @@ def _deliver():
     try:
         data = facts()
     except Exception as exc:
-        data = {"schema": SCHEMA, "source": "probe", "error": "%s: %s" % (type(exc).__name__, exc)}
+        data = {"schema": SCHEMA, "source": "probe", "error": f"{type(exc).__name__}: {exc}"}
     try:
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
     except ValueError:
@@ -506,8 +505,8 @@ def _deliver():
     path = config.get("result")
     if path:
         if rank not in (None, "", "0"):
-            path = "%s.rank%s" % (path, rank)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
+            path = f"{path}.rank{rank}"
+        tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.write(body)
@@ -517,15 +516,11 @@ def _deliver():
     nonce = config.get("nonce")
     if nonce and rank in (None, "", "0"):
         payload = base64.b64encode(body.encode("utf-8")).decode("ascii")
-        frame = "\n<<ENVBISECT %s BEGIN>>\n%s\n<<ENVBISECT %s END>>\n" % (nonce, payload, nonce)
-        try:
+        frame = f"\n<<ENVBISECT {nonce} BEGIN>>\n{payload}\n<<ENVBISECT {nonce} END>>\n"
+        with contextlib.suppress(Exception):
             sys.stdout.flush()
-        except Exception:
-            pass
-        try:
+        with contextlib.suppress(OSError):
             os.write(1, frame.encode("ascii"))
-        except OSError:
-            pass
 
 
 # ----------------------------------------------------------------------------- running
