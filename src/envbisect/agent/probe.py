@@ -574,6 +574,10 @@ def _run_script(path, args):
 def _run_module(name, args):
     import runpy
 
+    main = sys.modules["__main__"]
+    for key in list(main.__dict__):
+        if key not in ("__builtins__", "__name__"):
+            del main.__dict__[key]  # the bootstrap's names
     if not getattr(sys.flags, "safe_path", False):
         sys.path[0] = os.getcwd()
     sys.argv = ["-m", *args]
@@ -614,6 +618,7 @@ def main():
         _S["exit_code"] = 1
         # As the interpreter reports an uncaught exception (through a sys.excepthook the
         # program may have set), without the bootstrap's frames; exit status 1 as well.
-        sys.excepthook(type(exc), exc, _trim(exc.__traceback__))
+        tb = _trim(exc.__traceback__)
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.exit(1)
     _S["exit_code"] = 0
