@@ -31,9 +31,7 @@ for i in range(steps):
 REGEX = r"loss [0-9.]+ \| ([0-9.]+) Ktok/s"
 
 
-def _run(
-    tmp_path: Path, cmd: list[str], *extra: str, until: str
-) -> tuple[Any, dict[str, Any]]:
+def _run(tmp_path: Path, cmd: list[str], *extra: str, until: str) -> tuple[Any, dict[str, Any]]:
     good = manifest(tmp_path / "good.yaml", env={})
     bad = manifest(tmp_path / "bad.yaml", env={"EB_A": "1", "EB_B": "1", "EB_SLOW": "1"})
     (tmp_path / "envbisect.yaml").write_text("{}\n")
@@ -110,9 +108,7 @@ def test_the_probe_explains_the_culprit_good_vs_bad(
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     script = tmp_path / "train.py"
     script.write_text(COMPILED)
-    res, doc = _run(
-        tmp_path, [str(script)], "--metric-regex", REGEX, "--repeats", "3", until="40%"
-    )
+    res, doc = _run(tmp_path, [str(script)], "--metric-regex", REGEX, "--repeats", "3", until="40%")
     assert res.return_value == 0, res.output
     [culprit] = doc["culprits"]
     assert culprit["unit"] == "env:EB_SLOW"

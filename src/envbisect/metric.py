@@ -56,6 +56,7 @@ class MetricSpec:
     pattern: re.Pattern[str]
     scale: float
     unit: str
+    warmup: int | None = None  # matched lines dropped as warm-up (None: the first third)
 
     @classmethod
     def parse(cls, regex: str) -> MetricSpec:
@@ -92,11 +93,11 @@ class MetricSpec:
                 continue
         return out
 
-    def samples(self, text: str, warmup: int | None = None) -> list[float]:
+    def samples(self, text: str) -> list[float]:
         """One sample per match after the first ``warmup`` (None: the first third, rounded
         down); a log with no more matches than that gives its last one."""
         values = self.values(text)
-        skip = len(values) // 3 if warmup is None else warmup
+        skip = len(values) // 3 if self.warmup is None else self.warmup
         kept = values[skip:]
         return kept if kept else values[-1:]
 
@@ -277,7 +278,6 @@ def measure(
     result_file: Path | None = None,
     frame: dict[str, Any] | None = None,
     spec: MetricSpec | None = None,
-    warmup_lines: int | None = None,
 ) -> Measurement:
     """Judge one finished run from everything it left behind.
 
@@ -297,7 +297,7 @@ def measure(
             found = from_result(data, source)
             break
     if found is None and spec is not None:
-        found = _from_log(spec, stdout, stderr, warmup_lines)
+        found = _from_log(spec, stdout, stderr)
     if returncode not in (0, None):
         if found is not None and found.failure is not None:
             return found
@@ -312,12 +312,10 @@ def measure(
     return found
 
 
-def _from_log(
-    spec: MetricSpec, stdout: bytes, stderr: bytes, warmup: int | None
-) -> Measurement | None:
+def _from_log(spec: MetricSpec, stdout: bytes, stderr: bytes) -> Measurement | None:
     """The samples of a log's matched lines (see ``MetricSpec.samples``), or None."""
     text = stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
-    values = spec.samples(text, warmup)
+    values = spec.samples(text)
     if not values:
         return None
     bad = next((v for v in values if not math.isfinite(v)), None)

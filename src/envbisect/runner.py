@@ -93,7 +93,6 @@ class SmokeCommand:
     metric: MetricSpec | None = None
     drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
     probe: bool = True  # a Python command runs under the probe (envbisect.probed)
-    warmup_lines: int | None = None  # --metric-regex: matched lines dropped (None: a third)
 
     @property
     def builtin(self) -> bool:
@@ -223,7 +222,6 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         result_file=None if spec.remote else result_file,
         frame=frame,
         spec=smoke.metric,
-        warmup_lines=smoke.warmup_lines,
     )
 
 

@@ -188,6 +188,8 @@ def smoke_command(
     """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
     its tok/s read with ``--metric-regex`` when given (a sample per matched line after the
     first ``warmup_lines``); a Python command under the probe unless ``no_probe``."""
+    import dataclasses
+
     from envbisect.errors import UsageError
     from envbisect.metric import MetricSpec
     from envbisect.runner import SmokeCommand
@@ -195,12 +197,10 @@ def smoke_command(
     regex = metric_regex or getattr(config, "metric_regex", None)
     if warmup_lines is not None and not regex:
         raise UsageError("--warmup-lines counts lines matched by --metric-regex: give one")
-    return SmokeCommand(
-        tuple(smoke_argv) or tuple(config.smoke or ()),
-        MetricSpec.parse(regex) if regex else None,
-        probe=not no_probe,
-        warmup_lines=warmup_lines,
-    )
+    spec = MetricSpec.parse(regex) if regex else None
+    if spec is not None and warmup_lines is not None:
+        spec = dataclasses.replace(spec, warmup=warmup_lines)
+    return SmokeCommand(tuple(smoke_argv) or tuple(config.smoke or ()), spec, probe=not no_probe)
 
 
 def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -> str:
