@@ -227,3 +227,12 @@ def _torch_214() -> bool:
 def test_bootstrap_is_one_word_of_safe_characters() -> None:
     boot = bootstrap()
     assert "\n" not in boot and '"' not in boot and "$" not in boot and "`" not in boot
+
+
+def test_a_script_that_cannot_be_opened_is_said_as_python_says_it(tmp_path: Path) -> None:
+    for argv in ([PY, "missing.py"], [PY, "-m", "missing_module"]):
+        plain = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+        probed = subprocess.run(
+            list(wrap(argv, PY).argv), cwd=tmp_path, capture_output=True, text=True
+        )
+        assert (probed.returncode, probed.stderr) == (plain.returncode, plain.stderr), argv

@@ -545,7 +545,12 @@ def _run_script(path, args):
         if name != "__builtins__":
             del main.__dict__[name]
     full = os.path.abspath(path)
-    if os.path.isdir(full) or not os.path.isfile(full):
+    if not os.path.exists(full):
+        # As the interpreter says it (the first line a user sees), with its exit status 2.
+        prog = (getattr(sys, "orig_argv", None) or [sys.executable])[0]
+        sys.stderr.write(f"{prog}: can't open file {full!r}: [Errno 2] No such file or directory\n")
+        sys.exit(2)
+    if not os.path.isfile(full):
         import runpy
 
         sys.argv = [path, *args]
