@@ -32,6 +32,8 @@ import argparse
 import json
 import os
 import platform
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +55,8 @@ device, backend, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 B, L, H, D = (4, 256, 4, 32) if device == "cpu" else (16, 1024, 16, 64)
 dim = H * D
 torch.manual_seed(0)
+if device == "cpu":
+    torch.set_num_threads(1)  # so that the process's CPU time is the step's own
 if device == "cpu":  # flex_attention has no backward on CPU: compiled sdpa there
 
     def attention(q, k, v):
@@ -83,13 +87,14 @@ def step():
     return loss
 
 
-times = []
+times, cpu = [], []
 for i in range(steps):
     sync()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     step()
     sync()
     times.append(time.perf_counter() - t)
+    cpu.append(time.process_time() - c)
 
 f = torch.compile(lambda a: a + 1, backend="eager")
 a = torch.ones(2)
@@ -98,7 +103,7 @@ t = time.perf_counter()
 for _ in range(2000):
     f(a)
 call_us = (time.perf_counter() - t) / 2000 * 1e6
-print("BENCH " + json.dumps({"steps": times, "compiled_call_us": call_us}))
+print("BENCH " + json.dumps({"steps": times, "cpu": cpu, "compiled_call_us": call_us}))
 """
 
 # Under the probe only: the exact per-call cost of what it wraps, in one process, A/B
@@ -119,10 +124,10 @@ flex_attention(q, q, q)
 def best(fn, args, n, reps=15):
     out = []
     for _ in range(reps):
-        t = time.perf_counter()
+        t = time.thread_time()  # CPU time: a round preempted by other load costs nothing
         for _ in range(n):
             fn(*args)
-        out.append((time.perf_counter() - t) / n)
+        out.append((time.thread_time() - t) / n)
     return min(out) * 1e6
 
 
@@ -141,17 +146,28 @@ EMPTY = "pass\n"
 IMPORT_TORCH = "import torch\n"
 
 
-def run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[float, str]:
+def run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[float, float, str]:
+    """Wall and CPU seconds (user + sys, the process and its children) of one process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:3]}... failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    return wall, proc.stdout
+    return wall, cpu, proc.stdout
 
 
 def bench(args: argparse.Namespace) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="envbisect-bench-probe-"))
+    try:
+        return _bench(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(args: argparse.Namespace, tmp: Path) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"))
     scripts = {}
     for name, text in (("empty", EMPTY), ("import torch", IMPORT_TORCH), ("train", TRAIN)):
@@ -161,7 +177,9 @@ def bench(args: argparse.Namespace) -> dict:
     per_call = tmp / "per_call.py"
     per_call.write_text(PER_CALL)
     probed_env = dict(env, **{CONFIG_ENV: json.dumps({"result": str(tmp / "facts-pc.json")})})
-    _wall, stdout = run(list(wrap([args.python, str(per_call)]).argv), probed_env, args.timeout)
+    _wall, _cpu, stdout = run(
+        list(wrap([args.python, str(per_call)]).argv), probed_env, args.timeout
+    )
     backend = "eager" if args.device == "cpu" else "inductor"
     train_args = [args.device, backend, str(args.steps)]
     out: dict = {
@@ -185,17 +203,19 @@ def bench(args: argparse.Namespace) -> dict:
                 run_env = dict(env)
                 if kind == "probed":
                     run_env[CONFIG_ENV] = json.dumps({"result": str(tmp / f"facts-{i}.json")})
-                wall, stdout = run(plain if kind == "plain" else probed, run_env, args.timeout)
-                row: dict = {"wall_s": wall}
+                argv = plain if kind == "plain" else probed
+                wall, cpu, stdout = run(argv, run_env, args.timeout)
+                row: dict = {"wall_s": wall, "cpu_s": cpu}
                 if name == "train":
                     data = json.loads(stdout.split("BENCH ", 1)[1])
-                    steady = data["steps"][len(data["steps"]) // 3 :]
+                    skip = len(data["steps"]) // 3
                     row.update(
-                        step_s=statistics.median(steady), compiled_call_us=data["compiled_call_us"]
+                        step_s=statistics.median(data["steps"][skip:]),
+                        step_cpu_s=statistics.median(data["cpu"][skip:]),
+                        compiled_call_us=data["compiled_call_us"],
                     )
                 rows[kind].append(row)
         out["results"][name] = rows
-    subprocess.run(["rm", "-rf", str(tmp)], check=False)
     return out
 
 
@@ -211,13 +231,17 @@ def summarize(out: dict) -> list[str]:
         "|---|---|---|---|",
     ]
     for name in ("empty", "import torch", "train"):
-        a, b = med(name, "plain", "wall_s"), med(name, "probed", "wall_s")
-        lines.append(f"| `{name}` process wall (median) | {a:.3f} s | {b:.3f} s | {b - a:+.3f} s |")
-    a, b = med("train", "plain", "step_s"), med("train", "probed", "step_s")
-    lines.append(
-        f"| `train` step (median of run medians) | {a * 1e3:.3f} ms | {b * 1e3:.3f} ms | "
-        f"{(b / a - 1) * 100:+.2f}% |"
-    )
+        for key, what in (("wall_s", "wall"), ("cpu_s", "CPU")):
+            a, b = med(name, "plain", key), med(name, "probed", key)
+            lines.append(
+                f"| `{name}` process {what} (median) | {a:.3f} s | {b:.3f} s | {b - a:+.3f} s |"
+            )
+    for key, what in (("step_s", "wall"), ("step_cpu_s", "CPU")):
+        a, b = med("train", "plain", key), med("train", "probed", key)
+        lines.append(
+            f"| `train` step {what} (median of run medians) | {a * 1e3:.3f} ms | "
+            f"{b * 1e3:.3f} ms | {(b / a - 1) * 100:+.2f}% |"
+        )
     a, b = med("train", "plain", "compiled_call_us"), med("train", "probed", "compiled_call_us")
     lines.append(
         f"| compiled-function call, across processes | {a:.2f} µs | {b:.2f} µs | {b - a:+.2f} µs |"
@@ -226,7 +250,7 @@ def summarize(out: dict) -> list[str]:
     for name, r in out["per_call"].items():
         d = r["probed_us"] - r["plain_us"]
         lines.append(
-            f"| {name}, one process, best of 45 rounds | {r['plain_us']:.2f} µs | "
+            f"| {name}, one process, CPU time, best of 45 rounds | {r['plain_us']:.2f} µs | "
             f"{r['probed_us']:.2f} µs | {d:+.2f} µs ({d / step * 100:+.4f}% of a `train` step) |"
         )
     return lines

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,13 +105,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="envbisect-bench-steps-"))
-    (tmp / "train.py").write_text(TRAIN)
-    rows = [
-        one_run(args, tmp, "before", args.before_src),
-        one_run(args, tmp, "after", ROOT / "src"),
-        one_run(args, tmp, "after-no-probe", ROOT / "src", "--no-probe"),
-    ]
-    subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    try:
+        (tmp / "train.py").write_text(TRAIN)
+        rows = [
+            one_run(args, tmp, "before", args.before_src),
+            one_run(args, tmp, "after", ROOT / "src"),
+            one_run(args, tmp, "after-no-probe", ROOT / "src", "--no-probe"),
+        ]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     lines = [
         f"`envbisect run` on a per-step-logging CPU script ({args.steps} steps/process), "
         f"3 env units, --repeats 3, {os.cpu_count()} CPUs",

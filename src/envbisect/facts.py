@@ -267,7 +267,7 @@ def describe(facts: Mapping[str, Any]) -> list[str]:
             if seen
             else "never seen set outside a trace"
         )
-        storage = f", {fx['flag_storage']}" if fx.get("flag_storage") else ""
+        storage = f" ({fx['flag_storage']})" if fx.get("flag_storage") else ""
         lines.append(
             f"FX: is_fx_symbolic_tracing {fx['is_fx_symbolic_tracing']}{where}; "
             f"tracing flag{storage} {flag}"

@@ -409,8 +409,16 @@ def facts():
 
 def _compile_facts(torch):
     utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:
-        return {"frames_compiled": 0, "unique_graphs": 0, "recompiles": 0, "graph_breaks": 0}
+    if utils is None:  # torch.compile never ran
+        zero = ("frames_compiled", "unique_graphs", "recompiles", "graph_breaks")
+        return dict(
+            dict.fromkeys(zero, 0),
+            recompile_reasons={},
+            graph_break_reasons={},
+            compile_s=0.0,
+            fxgraph_cache_hit=0,
+            fxgraph_cache_miss=0,
+        )
     counters = utils.counters
     breaks = {}
     for reason, n in counters["graph_break"].items():
