@@ -238,3 +238,33 @@ def test_a_frame_is_taken_out_of_stdout_and_kept_beside_the_logs(tmp_path: Path)
     assert facts == {"torch": "2.13.0"}
     assert b"ENVBISECT" not in stdout and stdout.startswith(b"step 1 | 5.0 Ktok/s\n")
     assert probed.trial_facts(tmp_path) == {"torch": "2.13.0"}
+
+
+def test_the_thread_local_flag_of_torch_214(monkeypatch: Any) -> None:
+    """torch 2.14 keeps the flag in ``_is_fx_tracing_tls`` read by ``_get_is_fx_tracing``
+    (upstream PR #168999): the probe reads it per thread, and a flag left set in this
+    thread with no trace in flight is the sentinel."""
+    import sys
+    import threading
+    import types
+
+    from envbisect.agent import probe
+
+    tls = threading.local()
+    st = types.SimpleNamespace(
+        _is_fx_tracing_tls=tls, _get_is_fx_tracing=lambda: getattr(tls, "flag", False)
+    )
+    assert probe._flag(st) == (False, "thread-local")
+    tls.flag = True
+    assert probe._flag(st) == (True, "thread-local")
+    seen: list[Any] = []
+    other = threading.Thread(target=lambda: seen.append(probe._flag(st)))
+    other.start()
+    other.join()
+    assert seen == [(False, "thread-local")]  # another thread's flag is its own
+    monkeypatch.setitem(sys.modules, "torch.fx._symbolic_trace", st)
+    monkeypatch.setitem(probe._S, "flag_outside", {})
+    probe._check_flag()
+    assert probe._S["flag_outside"] == {probe._thread_no(threading.get_ident()): 1}
+    # up to 2.13: the module global
+    assert probe._flag(types.SimpleNamespace(_is_fx_tracing_flag=True)) == (True, "global")

@@ -236,3 +236,15 @@ def test_a_script_that_cannot_be_opened_is_said_as_python_says_it(tmp_path: Path
             list(wrap(argv, PY).argv), cwd=tmp_path, capture_output=True, text=True
         )
         assert (probed.returncode, probed.stderr) == (plain.returncode, plain.stderr), argv
+
+
+def test_the_fields_race_another_threads_trace_seen_by_a_compiled_call(tmp_path: Path) -> None:
+    run = _probe(tmp_path, "fx_race.py")
+    fx = run.facts["fx"]
+    out = (tmp_path / "logs" / "probe.stdout").read_text()
+    if _torch_214():  # thread-local: the main thread never sees the tracer's flag
+        assert fx["flag_from_other_thread"] == {} and out == "compiled call ran\n"
+    else:
+        assert fx["flag_from_other_thread"] == {"1": 1}
+        assert out.startswith("compiled call refused:")
+    assert fx["flag_outside_trace"] == {} and fx["flag_at_exit"] is False

@@ -9,7 +9,8 @@ tracing flag, threads, CUDA memory and warnings did in that process::
                 fxgraph_cache_hit, fxgraph_cache_miss}
     flex       {eager_calls, compiled_graphs, compiled}
     fx         {is_fx_symbolic_tracing: original|patched, patched_at, flag_storage,
-                flag_at_exit, flag_outside_trace {thread number: times seen}}
+                flag_at_exit, flag_outside_trace {thread number: times seen},
+                flag_from_other_thread {thread number: times seen}}
     threads    {called_compiled, alive_at_exit [...], errors [...]}
     memory     {cuda, peak_allocated_bytes, ooms}
     warnings   [{category, message, count}]
@@ -123,8 +124,8 @@ def _gib(n: Any) -> str:
     return f"{int(n) / 2**30:.1f} GiB"
 
 
-def _threads_seen(fx: Mapping[str, Any]) -> list[str]:
-    return sorted(_map(fx.get("flag_outside_trace")), key=lambda k: int(k) if k.isdigit() else 0)
+def _threads_seen(fx: Mapping[str, Any], key: str = "flag_outside_trace") -> list[str]:
+    return sorted(_map(fx.get(key)), key=lambda k: int(k) if k.isdigit() else 0)
 
 
 def explain(good: Mapping[str, Any] | None, bad: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -191,6 +192,10 @@ def _fx_lines(g: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         out.append(f"bad: FX tracing flag set outside a trace in thread {which}")
     elif seen_g and not seen_b:
         out.append("bad: FX tracing flag never seen set outside a trace (good: it was)")
+    crossed_b = _threads_seen(b, "flag_from_other_thread")
+    if crossed_b and not _threads_seen(g, "flag_from_other_thread"):
+        which = ", ".join(crossed_b)
+        out.append(f"bad: FX tracing flag of another thread's trace seen in thread {which}")
     return out
 
 
@@ -267,6 +272,9 @@ def describe(facts: Mapping[str, Any]) -> list[str]:
             if seen
             else "never seen set outside a trace"
         )
+        crossed = _threads_seen(fx, "flag_from_other_thread")
+        if crossed:
+            flag += f"; another thread's trace seen in thread {', '.join(crossed)}"
         storage = f" ({fx['flag_storage']})" if fx.get("flag_storage") else ""
         lines.append(
             f"FX: is_fx_symbolic_tracing {fx['is_fx_symbolic_tracing']}{where}; "

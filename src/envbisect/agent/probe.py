@@ -56,6 +56,8 @@ _S = {
     "thread_no": {},  # thread ident -> 1, 2, ... in order of first sight
     "tracing": {},  # thread ident -> FX traces in flight
     "flag_outside": {},  # thread number -> times the flag was seen set outside a trace
+    "flag_crossed": {},  # thread number -> times it saw the global flag of another's trace
+    "pid": os.getpid(),  # a forked child does not deliver (it would overwrite the facts)
     "fx_original": None,  # (module, qualname, file) of is_fx_symbolic_tracing at import
     "thread_errors": [],
     "crash": None,
@@ -213,6 +215,7 @@ def _hook_eval_frame(mod):
             eager_flex = getattr(_tls, "eager_flex", 0)
             if not eager_flex and threading.get_ident() not in _S["compiled_threads"]:
                 _note_compiled_thread()
+            _check_flag()  # entering compiled code: the flag must not be set here
             return compiled(*a, **k)
 
         # The copied __dict__ keeps Dynamo's own markers (_torchdynamo_orig_callable, ...).
@@ -291,12 +294,15 @@ def _check_flag():
     me = threading.get_ident()
     with _lock:
         tracing = _S["tracing"]
-        busy = tracing.get(me, 0) if storage == "thread-local" else sum(tracing.values())
-    if busy:
+        mine = tracing.get(me, 0)
+        busy = mine if storage == "thread-local" else sum(tracing.values())
+    if mine:
         return
     n = _thread_no(me)
+    # A global flag set by another thread's trace: the field's race (torch <= 2.13).
+    table = "flag_crossed" if busy else "flag_outside"
     with _lock:
-        _S["flag_outside"][n] = _S["flag_outside"].get(n, 0) + 1
+        _S[table][n] = _S[table].get(n, 0) + 1
 
 
 _HOOKS = {
@@ -486,6 +492,7 @@ def _fx_facts():
         "flag_storage": storage,
         "flag_at_exit": value,
         "flag_outside_trace": {str(k): v for k, v in sorted(_S["flag_outside"].items())},
+        "flag_from_other_thread": {str(k): v for k, v in sorted(_S["flag_crossed"].items())},
     }
 
 
@@ -495,7 +502,7 @@ def _fx_facts():
 def _deliver():
     """Write the facts once: to the result file, or as a frame on the real stdout."""
     with _lock:
-        if _S["done"]:
+        if _S["done"] or os.getpid() != _S["pid"]:
             return
         _S["done"] = True
     try:
