@@ -235,7 +235,10 @@ def _launch_drafter(
     launch = replace(launch, argv=(spec.python, "-", f"(stdin: {DRAFTER} {params})"))
     frame = find_frame(launch.stdout, bundle.nonce)
     if frame is not None and "__agent_error__" not in frame:
-        probed.write_facts(spec.log_dir / f"{spec.name}{probed.FACTS_SUFFIX}", from_drafter(frame))
+        # The drafter's facts in the probe's schema: the report explains both alike.
+        with contextlib.suppress(TypeError, ValueError, OSError):
+            facts = from_drafter(frame)
+            probed.write_facts(spec.log_dir / f"{spec.name}{probed.FACTS_SUFFIX}", facts)
     if frame is not None and "__agent_error__" in frame:
         failed = Measurement(None, Failure.crash(f"{frame['__agent_error__']}"), "frame")
         return replace(launch, reading=failed), frame
@@ -1369,8 +1372,9 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
     if outcome == "not-reproduced":
         message += _threshold_hint(result, context.options)
     culprits, notes = _culprits(result, context, numbers)
+    session = context.session
     rows = tuple(
-        replace(r, facts=probed.trial_facts(context.session.root / "trials" / f"{r.index:03d}"))
+        replace(r, facts=probed.trial_facts(session.trial_dir(r.index)))
         for r in _rows(result, numbers)
     )
     culprits = tuple(replace(c, why=_why(c, rows)) for c in culprits)
