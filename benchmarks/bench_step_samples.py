@@ -104,6 +104,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=12)
     args = parser.parse_args()
+    args.python = os.path.abspath(args.python)  # the runs start in their own directories
     tmp = Path(tempfile.mkdtemp(prefix="envbisect-bench-steps-"))
     try:
         (tmp / "train.py").write_text(TRAIN)

@@ -248,3 +248,16 @@ def test_the_fields_race_another_threads_trace_seen_by_a_compiled_call(tmp_path:
         assert fx["flag_from_other_thread"] == {"1": 1}
         assert out.startswith("compiled call refused:")
     assert fx["flag_outside_trace"] == {} and fx["flag_at_exit"] is False
+
+
+def test_torchrun_runs_every_worker_under_the_probe(tmp_path: Path) -> None:
+    script = tmp_path / "tr.py"
+    script.write_text("import os, sys\nprint('rank', os.environ['RANK'], sys.argv[1:], __name__)\n")
+    torchrun = str(Path(PY).parent / "torchrun")
+    argv = [torchrun, "--standalone", "--nproc_per_node", "2", str(script), "--x", "1"]
+    run = probe_command(argv, transport=Transport(), python=PY, timeout_s=300, log_dir=tmp_path)
+    assert run.exit_status == 0 and run.facts["exit_code"] == 0 and "rank" not in run.facts
+    out = sorted((tmp_path / "probe.stdout").read_text().splitlines())
+    assert out == ["rank 0 ['--x', '1'] __main__", "rank 1 ['--x', '1'] __main__"]
+    rank1 = json.loads((tmp_path / "probe.facts.json.rank1").read_text())
+    assert rank1["rank"] == 1
