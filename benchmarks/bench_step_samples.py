@@ -40,13 +40,15 @@ steps = int(sys.argv[1])
 torch.manual_seed(0)
 torch.set_num_threads(1)
 work = 3 if os.environ.get("EB_SLOW") else 1
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+model = torch.nn.Sequential(
+    torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256)
+)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-tokens = 32 * 16
+tokens = 2048
 for i in range(steps):
     t = time.perf_counter()
     for _ in range(work):
-        x = torch.randn(32 * 16, 64)
+        x = torch.randn(tokens, 256)
         loss = (model(x) - x).pow(2).mean()
         loss.backward()
         opt.step()
@@ -92,6 +94,10 @@ def one_run(args: argparse.Namespace, tmp: Path, name: str, src: Path, *extra: s
         "processes": processes,
         "samples": sum(len(t["samples"]) for t in doc.get("trials") or []),
         "culprits": [c["unit"] for c in doc.get("culprits") or []],
+        "outcome": doc.get("outcome"),
+        "message": doc.get("message"),
+        "good_median_ktok": round((doc.get("good_median_tok_per_s") or 0) / 1000, 1),
+        "bad_median_ktok": round((doc.get("bad_median_tok_per_s") or 0) / 1000, 1),
         "why": [line for c in doc.get("culprits") or [] for line in c.get("why") or []],
         "stderr_tail": proc.stderr[-600:] if proc.returncode not in (0, 1) else "",
     }
@@ -119,13 +125,15 @@ def main() -> int:
         f"`envbisect run` on a per-step-logging CPU script ({args.steps} steps/process), "
         f"3 env units, --repeats 3, {os.cpu_count()} CPUs",
         "",
-        "| version | exit | run wall | trials | processes | samples | culprit |",
-        "|---|---|---|---|---|---|---|",
+        "| version | exit | run wall | trials | processes | samples | good → bad Ktok/s "
+        "| culprit |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['version']} | {r['exit']} | {r['wall_s']} s | {r['trials']} | "
-            f"{r['processes']} | {r['samples']} | {', '.join(r['culprits']) or '-'} |"
+            f"{r['processes']} | {r['samples']} | {r['good_median_ktok']} → "
+            f"{r['bad_median_ktok']} | {', '.join(r['culprits']) or r['outcome']} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "summary": lines}, indent=2))

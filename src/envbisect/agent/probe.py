@@ -58,7 +58,7 @@ _S = {
     "flag_outside": {},  # thread number -> times the flag was seen set outside a trace
     "flag_crossed": {},  # thread number -> times it saw the global flag of another's trace
     "pid": os.getpid(),  # a forked child does not deliver (it would overwrite the facts)
-    "fx_original": None,  # (module, qualname, file) of is_fx_symbolic_tracing at import
+    "fx_original": None,  # (function, its file) of is_fx_symbolic_tracing at import
     "thread_errors": [],
     "crash": None,
     "exit_code": None,
