@@ -120,6 +120,11 @@ def test_the_probe_explains_the_culprit_good_vs_bad(
     bad = by_index[culprit["evidence"]["bad_trial"]]["facts"]
     assert good["compile"]["frames_compiled"] == 1 and bad["compile"]["frames_compiled"] == 0
     assert good["torch"] == bad["torch"] and good["torch"].startswith("2.")
+    # the trial log shows the command as typed, and that it ran under the probe
+    first = json.loads((tmp_path / "session" / "trials" / "001" / "trial.json").read_text())
+    run = first["calls"][0]["runs"][0]
+    assert run["argv"] == [sys.executable, str(script)]
+    assert run["probe"] == "ran under the probe; facts in run-1.facts.json"
 
 
 def test_no_probe_runs_the_command_as_typed(tmp_path: Path) -> None:
@@ -132,4 +137,5 @@ def test_no_probe_runs_the_command_as_typed(tmp_path: Path) -> None:
     assert all(t["facts"] is None for t in doc["trials"])
     assert not list((tmp_path / "session").rglob("*.facts.json"))
     log = json.loads((tmp_path / "session" / "trials" / "001" / "trial.json").read_text())
-    assert log["calls"][0]["runs"][0]["argv"] == [sys.executable, str(script), "9"]
+    run = log["calls"][0]["runs"][0]
+    assert run["argv"] == [sys.executable, str(script), "9"] and "probe" not in run

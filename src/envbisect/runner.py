@@ -141,6 +141,7 @@ class Launch:
     stderr: bytes = b""
     # Known without reading a metric: the agent's own error, a command that cannot start.
     reading: Measurement | None = None
+    probed: bool = False  # ran under the probe (envbisect.probed); argv is as typed
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ class RunLog:
             out["program"] = self.launch.program
         if self.launch.started:
             out.update(exit_status=self.launch.exit_status, timed_out=self.launch.timed_out)
+        if self.launch.probed:
+            out["probe"] = f"ran under the probe; facts in {self.name}{probed.FACTS_SUFFIX}"
         m = self.measurement
         return {
             **out,
@@ -248,17 +251,16 @@ def _launch_drafter(
 def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> Launch:
     """A user command, its paths mapped into the state; through layers it changes into the
     state's cwd on the far side."""
-    argv = list(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)
-    delivery = None
+    typed = list(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)
+    argv, delivery = typed, None
     if smoke.probe:
-        wrapped = probed.wrap(argv, spec.python)
+        wrapped = probed.wrap(typed, spec.python)
         if wrapped.probed:
             argv = list(wrapped.argv)
             delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
             run_env.update(delivery.env())
-    argv = [*spec.pin, *argv]
-    if spec.remote and spec.cwd is not None:
-        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
+    # Logged as typed (the probe's bootstrap is a detail of how it ran: ``probed``).
+    argv, logged = _placed(spec, argv), tuple(_placed(spec, typed))
     program = None
     if not spec.remote:
         program = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
@@ -267,11 +269,19 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
     except TransportError as exc:
         # e.g. the state's PATH has no such program: this state cannot run the command.
         failed = Measurement(None, Failure.crash(f"{exc}"), None)
-        return Launch(tuple(argv), program, reading=failed)
+        return Launch(logged, program, reading=failed)
     if delivery is None:
         return launch
     _facts, stdout = delivery.collect(launch.stdout, spec.log_dir, spec.name)
-    return replace(launch, stdout=stdout, argv=probed.shown(launch.argv))
+    return replace(launch, stdout=stdout, argv=logged, probed=True)
+
+
+def _placed(spec: RunSpec, argv: list[str]) -> list[str]:
+    """``argv`` behind the run's pin words and, through layers, in the state's cwd."""
+    argv = [*spec.pin, *argv]
+    if spec.remote and spec.cwd is not None:
+        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
+    return argv
 
 
 def _launch(
