@@ -87,6 +87,8 @@ def _verdict(r: TrialRow) -> str:
     return (
         r.verdict
         + (f" ({r.failure})" if r.failure else "")
+        + (f"; {r.crash_rate}" if r.crash_rate else "")
+        + (f"; {r.contended} of {len(r.samples)} samples under load" if r.contended else "")
         + (f" — outlier: {r.outlier}" if r.outlier else "")
     )
 

@@ -157,6 +157,8 @@ class Realized(Placement):
     venv: Path | None = None
     notes: tuple[str, ...] = ()
     failure: Failure | None = None  # "build: ..." when the state cannot be realized
+    fill: tuple[str, ...] = ()  # caches to make warm by one run of the state (CacheDir.fill)
+    cold: tuple[str, ...] = ()  # cold cache dirs: empty at the start of every run
 
 
 @dataclass(frozen=True)
@@ -665,6 +667,8 @@ class Actuator:
             path_map=plan.path_map,
             venv=Path(plan.venv.path) if plan.venv is not None else None,
             notes=tuple(notes),
+            fill=tuple(c.name for c in plan.caches if c.fill),
+            cold=tuple(c.dest for c in plan.caches if c.src is None and not c.fill),
         )
 
     # -- the target ----------------------------------------------------------------------
