@@ -12,7 +12,7 @@ import sys
 import click
 
 from envbisect import __version__
-from envbisect.commands import check, demo, diff, log, reset, run, smoke, snapshot
+from envbisect.commands import check, demo, diff, log, probe, reset, run, smoke, snapshot
 from envbisect.errors import EnvBisectError
 
 EPILOG = """\
@@ -45,6 +45,7 @@ for _command in (
     run.command,
     check.command,
     smoke.command,
+    probe.command,
     log.command,
     reset.command,
     demo.command,

@@ -6,9 +6,11 @@ A run reports tokens per second in one of four ways, tried in this order:
 2. the framed agent channel (the built-in smoke test shipped with ``Transport.run_agent``);
 3. the last ``ENVBISECT_RESULT {json}`` line on stdout;
 4. ``--metric-regex``: a regular expression with one group holding the number, whose unit is
-   read from the text right after the group (``"([0-9.]+) Ktok/s"`` → ×1000). The *last*
-   match counts: training logs print a throughput per step and the last one is the warmed
-   up one.
+   read from the text right after the group (``"([0-9.]+) Ktok/s"`` → ×1000). A training
+   log prints a throughput per step: every matched line after the first W (``--warmup-lines
+   W``; default: the first third are warm-up) is one sample, so one process gives a trial
+   all its samples, as the built-in drafter's timed windows do; the run's figure is their
+   median.
 
 The JSON form is the smoke result: ``{"ok": bool, "tok_per_s": float|null, "error":
 {"class", "message"}|null, ...}``. Whatever cannot give a number becomes a ``failure``
@@ -22,6 +24,7 @@ import contextlib
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,7 @@ class MetricSpec:
     pattern: re.Pattern[str]
     scale: float
     unit: str
+    warmup: int | None = None  # matched lines dropped as warm-up (None: the first third)
 
     @classmethod
     def parse(cls, regex: str) -> MetricSpec:
@@ -75,14 +79,27 @@ class MetricSpec:
 
     def read(self, text: str) -> float | None:
         """tok/s from the last match in ``text``, or None."""
-        value: float | None = None
+        values = self.values(text)
+        return values[-1] if values else None
+
+    def values(self, text: str) -> list[float]:
+        """tok/s of every match in ``text``, in order."""
+        out: list[float] = []
         for match in self.pattern.finditer(text):
             raw = match.group(1).replace(",", "").replace("_", "")
             try:
-                value = float(raw) * self.scale
+                out.append(float(raw) * self.scale)
             except ValueError:
                 continue
-        return value
+        return out
+
+    def samples(self, text: str) -> list[float]:
+        """One sample per match after the first ``warmup`` (None: the first third, rounded
+        down); a log with no more matches than that gives its last one."""
+        values = self.values(text)
+        skip = len(values) // 3 if self.warmup is None else self.warmup
+        kept = values[skip:]
+        return kept if kept else values[-1:]
 
 
 @dataclass(frozen=True)
@@ -280,13 +297,7 @@ def measure(
             found = from_result(data, source)
             break
     if found is None and spec is not None:
-        value = spec.read(
-            stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
-        )
-        if value is not None and not math.isfinite(value):
-            found = Measurement(None, _non_finite(value), "regex")
-        elif value is not None:
-            found = Measurement(value, None, "regex")
+        found = _from_log(spec, stdout, stderr)
     if returncode not in (0, None):
         if found is not None and found.failure is not None:
             return found
@@ -299,6 +310,19 @@ def measure(
         )
         return Measurement(None, _no_metric(how), None)
     return found
+
+
+def _from_log(spec: MetricSpec, stdout: bytes, stderr: bytes) -> Measurement | None:
+    """The samples of a log's matched lines (see ``MetricSpec.samples``), or None."""
+    text = stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
+    values = spec.samples(text)
+    if not values:
+        return None
+    bad = next((v for v in values if not math.isfinite(v)), None)
+    if bad is not None:
+        return Measurement(None, _non_finite(bad), "regex")
+    value = statistics.median(values)
+    return Measurement(value, None, "regex", {"samples": values})
 
 
 def _crash_reason(returncode: int, stderr: bytes) -> Failure:

@@ -211,8 +211,14 @@ def summary_lines(result: RunResult) -> list[str]:
     return lines
 
 
+def why_lines(result: RunResult) -> list[str]:
+    """Under each culprit, the facts that explain it (good vs bad, only what differs)."""
+    return [f"  {line}" for c in result.culprits for line in c.why]
+
+
 def render_text(result: RunResult) -> str:
-    text = "\n".join([trial_table(result.trials), "", *summary_lines(result)]) + "\n"
+    lines = [trial_table(result.trials), "", *summary_lines(result), *why_lines(result)]
+    text = "\n".join(lines) + "\n"
     return redact_text(text)
 
 
@@ -301,6 +307,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "commit": c.commit,
                 "changes": c.changes(),
                 "details": list(c.details),
+                "why": list(c.why),
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
             }
@@ -414,6 +421,9 @@ def render_markdown(result: RunResult) -> str:
     for unit, why in sorted(result.blocked.items()):
         lines.append(f"- not bisected: `{unit}`: {why}")
     for c in result.culprits:
+        if c.why:
+            lines += ["", f"### Why `{c.unit.id}` is slower (facts, good vs bad)", ""]
+            lines += [f"- {line}" for line in c.why]
         if c.details:
             fence = "diff" if c.unit.section == "files" else ""
             lines += ["", f"### What `{c.unit.id}` changed", "", f"```{fence}", *c.details, "```"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envbisect import contention
+from envbisect import contention, probed
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.agent.redact import redact_env as redact_value
@@ -52,6 +52,8 @@ from envbisect.bisect.search import (
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
+from envbisect.facts import explain as explain_facts
+from envbisect.facts import from_drafter
 from envbisect.failure import Failure, FailureKind
 from envbisect.history import HunkCulprit
 from envbisect.metric import (
@@ -95,6 +97,7 @@ class SmokeCommand:
     argv: tuple[str, ...] = ()
     metric: MetricSpec | None = None
     drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
+    probe: bool = True  # a Python command runs under the probe (envbisect.probed)
 
     @property
     def builtin(self) -> bool:
@@ -143,6 +146,7 @@ class Launch:
     stderr: bytes = b""
     # Known without reading a metric: the agent's own error, a command that cannot start.
     reading: Measurement | None = None
+    probed: bool = False  # ran under the probe (envbisect.probed); argv is as typed
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,8 @@ class RunLog:
             out["program"] = self.launch.program
         if self.launch.started:
             out.update(exit_status=self.launch.exit_status, timed_out=self.launch.timed_out)
+        if self.launch.probed:
+            out["probe"] = f"ran under the probe; facts in {self.name}{probed.FACTS_SUFFIX}"
         m = self.measurement
         return {
             **out,
@@ -238,6 +244,11 @@ def _launch_drafter(
     launch = _launch(spec, run_env, [*spec.pin, spec.python, "-"], bundle.source, slack_s=5)
     launch = replace(launch, argv=(spec.python, "-", f"(stdin: {DRAFTER} {params})"))
     frame = find_frame(launch.stdout, bundle.nonce)
+    if frame is not None and "__agent_error__" not in frame:
+        # The drafter's facts in the probe's schema: the report explains both alike.
+        with contextlib.suppress(TypeError, ValueError, OSError):
+            facts = from_drafter(frame)
+            probed.write_facts(spec.log_dir / f"{spec.name}{probed.FACTS_SUFFIX}", facts)
     if frame is not None and "__agent_error__" in frame:
         failed = Measurement(None, Failure.crash(f"{frame['__agent_error__']}"), "frame")
         return replace(launch, reading=failed), frame
@@ -247,18 +258,37 @@ def _launch_drafter(
 def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> Launch:
     """A user command, its paths mapped into the state; through layers it changes into the
     state's cwd on the far side."""
-    argv = [*spec.pin, *(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)]
-    if spec.remote and spec.cwd is not None:
-        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
+    typed = list(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)
+    argv, delivery = typed, None
+    if smoke.probe:
+        wrapped = probed.wrap(typed, spec.python)
+        if wrapped.probed:
+            argv = list(wrapped.argv)
+            delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
+            run_env.update(delivery.env())
+    # Logged as typed (the probe's bootstrap is a detail of how it ran: ``probed``).
+    argv, logged = _placed(spec, argv), tuple(_placed(spec, typed))
     program = None
     if not spec.remote:
         program = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
     try:
-        return replace(_launch(spec, run_env, argv), program=program)
+        launch = replace(_launch(spec, run_env, argv), program=program)
     except TransportError as exc:
         # e.g. the state's PATH has no such program: this state cannot run the command.
         failed = Measurement(None, Failure.crash(f"{exc}"), None)
-        return Launch(tuple(argv), program, reading=failed)
+        return Launch(logged, program, reading=failed)
+    if delivery is None:
+        return launch
+    _facts, stdout = delivery.collect(launch.stdout, spec.log_dir, spec.name)
+    return replace(launch, stdout=stdout, argv=logged, probed=True)
+
+
+def _placed(spec: RunSpec, argv: list[str]) -> list[str]:
+    """``argv`` behind the run's pin words and, through layers, in the state's cwd."""
+    argv = [*spec.pin, *argv]
+    if spec.remote and spec.cwd is not None:
+        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
+    return argv
 
 
 def _launch(
@@ -432,6 +462,7 @@ class TrialRow:
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
     round: int = 0
     worker: str | None = None
+    facts: Mapping[str, Any] | None = None  # its last run's (probe or drafter), if any
     runs: int = 0  # processes run; a crash ends one
     crashes: int = 0
     contended: int = 0  # samples taken while other processes loaded the machine
@@ -494,6 +525,7 @@ class TrialRow:
             "crashes": self.crashes,
             "crash_rate": self.crash_rate,
             "contended_samples": self.contended,
+            "facts": self.facts,
         }
 
     @classmethod
@@ -512,6 +544,7 @@ class TrialRow:
             runs=int(d.get("runs") or 0),
             crashes=int(d.get("crashes") or 0),
             contended=int(d.get("contended_samples") or 0),
+            facts=d.get("facts"),
         )
 
 
@@ -535,6 +568,7 @@ class Culprit:
     good_trial: int | None = None  # the trial numbers of the evidence
     bad_trial: int | None = None
     hunk: HunkCulprit | None = None  # a file in a repo: its first bad version and hunk
+    why: tuple[str, ...] = ()  # the facts that differ, good vs bad (envbisect.facts)
 
     def changes(self) -> list[dict[str, Any]]:
         from envbisect.render import show_value
@@ -841,11 +875,13 @@ class _TrialRunner:
         n, samples = work.n, work.samples
         per_run = -(-n // 2) if endpoint and n > 1 else n
         k = work.first_run - 1
-        while len(samples) < n:
+        # A log with a throughput per step gives all n in one process: an endpoint still
+        # takes a second one.
+        while len(samples) < n or (endpoint and n > 1 and k - work.first_run < 1):
             if work.cancelled():
                 raise KeyboardInterrupt
             k += 1
-            m = self._run(work, realized, f"run-{k}", min(per_run, n - len(samples)))
+            m = self._run(work, realized, f"run-{k}", max(1, min(per_run, n - len(samples))))
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
@@ -1535,7 +1571,12 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
     if outcome == "not-reproduced":
         message += _threshold_hint(result, context.options)
     culprits, notes = _culprits(result, context, numbers)
-    rows = _rows(result, numbers)
+    session = context.session
+    rows = tuple(
+        replace(r, facts=probed.trial_facts(session.trial_dir(r.index)))
+        for r in _rows(result, numbers)
+    )
+    culprits = tuple(replace(c, why=_why(c, rows)) for c in culprits)
     full = {u for t in result.trials for u in t.state.applied}
     bad_med = next(
         (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
@@ -1584,6 +1625,14 @@ def _culprits(
                 )
             )
     return tuple(culprits), tuple(notes)
+
+
+def _why(culprit: Culprit, rows: Sequence[TrialRow]) -> tuple[str, ...]:
+    """The facts of the culprit's evidence trials that differ, good vs bad."""
+    by_index = {r.index: r.facts for r in rows}
+    if culprit.good_trial is None or culprit.bad_trial is None:
+        return ()
+    return explain_facts(by_index.get(culprit.good_trial), by_index.get(culprit.bad_trial))
 
 
 def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, ...]:

@@ -45,6 +45,8 @@ def command(
     repeats: int | None,
     timeout_s: float,
     metric_regex: str | None,
+    warmup_lines: int | None,
+    no_probe: bool,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -73,7 +75,9 @@ def command(
     if repeats < 1:
         raise UsageError("--repeats must be at least 1")
     transport, py = resolve_target(config, python, via, target_name)
-    smoke = smoke_command(smoke_argv, config, metric_regex)
+    smoke = smoke_command(
+        smoke_argv, config, metric_regex, no_probe=no_probe, warmup_lines=warmup_lines
+    )
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0

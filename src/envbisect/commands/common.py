@@ -114,7 +114,22 @@ def timeout_option(func: F) -> F:
 
 
 def metric_regex_option(func: F) -> F:
-    """``--metric-regex REGEX``."""
+    """``--metric-regex REGEX``, ``--warmup-lines W`` and ``--no-probe``."""
+    func = click.option(
+        "--no-probe",
+        "no_probe",
+        is_flag=True,
+        help="Run a Python command as typed, without the probe that records compile, "
+        "flex_attention, FX-flag and memory facts for the report.",
+    )(func)
+    func = click.option(
+        "--warmup-lines",
+        "warmup_lines",
+        type=click.IntRange(min=0),
+        default=None,
+        help="With --metric-regex: each matched line is a sample after the first W "
+        "(default: the first third are warm-up).",
+    )(func)
     return click.option(
         "--metric-regex",
         metavar="REGEX",
@@ -163,18 +178,29 @@ def resolve_threshold(
 
 
 def smoke_command(
-    smoke_argv: Sequence[str], config: Config, metric_regex: str | None
+    smoke_argv: Sequence[str],
+    config: Config,
+    metric_regex: str | None,
+    *,
+    no_probe: bool = False,
+    warmup_lines: int | None = None,
 ) -> SmokeCommand:
     """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
-    its tok/s read with ``--metric-regex`` when given."""
+    its tok/s read with ``--metric-regex`` when given (a sample per matched line after the
+    first ``warmup_lines``); a Python command under the probe unless ``no_probe``."""
+    import dataclasses
+
+    from envbisect.errors import UsageError
     from envbisect.metric import MetricSpec
     from envbisect.runner import SmokeCommand
 
     regex = metric_regex or getattr(config, "metric_regex", None)
-    return SmokeCommand(
-        tuple(smoke_argv) or tuple(config.smoke or ()),
-        MetricSpec.parse(regex) if regex else None,
-    )
+    if warmup_lines is not None and not regex:
+        raise UsageError("--warmup-lines counts lines matched by --metric-regex: give one")
+    spec = MetricSpec.parse(regex) if regex else None
+    if spec is not None and warmup_lines is not None:
+        spec = dataclasses.replace(spec, warmup=warmup_lines)
+    return SmokeCommand(tuple(smoke_argv) or tuple(config.smoke or ()), spec, probe=not no_probe)
 
 
 def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -> str:

@@ -110,7 +110,13 @@ def command(**flags: Any) -> int:
     if good_path is None:
         raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
     transport, py = resolve_target(config, args.python, args.via, args.target_name)
-    smoke = smoke_command(args.smoke_argv, config, args.metric_regex)
+    smoke = smoke_command(
+        args.smoke_argv,
+        config,
+        args.metric_regex,
+        no_probe=args.no_probe,
+        warmup_lines=args.warmup_lines,
+    )
     if args.print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
@@ -155,6 +161,8 @@ class RunFlags:
     json_path: str | None
     report_path: str | None
     metric_regex: str | None
+    warmup_lines: int | None
+    no_probe: bool
     python: str | None
     via: tuple[str, ...]
     target_name: str | None

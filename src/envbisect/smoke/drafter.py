@@ -974,6 +974,11 @@ def _dynamo_facts(torch, frames_after_first):
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "frames_compiled": frames_ok,
         "graph_breaks": int(sum(counters["graph_break"].values())),
+        # the first line of each reason, as the probe keeps them (one fact schema)
+        "graph_break_reasons": {
+            (str(k).strip().splitlines() or ["?"])[0][:200]: int(v)
+            for k, v in counters["graph_break"].items()
+        },
         # compiles after the first step: shape changes or guard failures
         "recompiles": max(0, frames_ok - int(frames_after_first or 0)),
         "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),

@@ -1,0 +1,62 @@
+"""`envbisect probe`: run a Python command once under the probe and print its facts."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import click
+
+from envbisect.commands.common import (
+    config_option,
+    load_config,
+    resolve_target,
+    target_options,
+    timeout_option,
+)
+
+
+@click.command("probe", context_settings={"ignore_unknown_options": True})
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@timeout_option
+@target_options
+@config_option
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD ...")
+def command(
+    fmt: str,
+    log_dir: Path | None,
+    timeout_s: float,
+    python: str | None,
+    via: tuple[str, ...],
+    target_name: str | None,
+    print_command: bool,
+    config_path: str | None,
+    argv: tuple[str, ...],
+) -> int:
+    """Run CMD (python train.py ..., python -m pkg ..., torchrun ...) once under the probe
+    and print what torch.compile, flex_attention, the FX tracing flag, threads, CUDA memory
+    and warnings did. The program's output is kept in the log directory. Exit status: the
+    program's (0 when it succeeded, 1 otherwise).
+    """
+    from envbisect.facts import describe
+    from envbisect.probed import probe_command, shown
+
+    config = load_config(config_path)
+    transport, py = resolve_target(config, python, via, target_name)
+    if print_command:
+        from envbisect.probed import wrap
+
+        click.echo(" ".join(shown(transport.compose(list(wrap(argv, py).argv)))))
+        return 0
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="envbisect-probe-"))
+    run = probe_command(argv, transport=transport, python=py, timeout_s=timeout_s, log_dir=log_dir)
+    if fmt == "json":
+        click.echo(json.dumps(run.as_dict(), indent=2, sort_keys=True))
+    else:
+        lines = describe(run.facts) if run.facts else ["no facts came back (see the logs)"]
+        if run.timed_out:
+            lines.append(f"timed out after {timeout_s:g} s")
+        click.echo("\n".join([*lines, f"program output: {log_dir}/probe.stdout, probe.stderr"]))
+    return 0 if run.exit_status == 0 and not run.timed_out else 1
