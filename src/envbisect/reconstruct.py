@@ -179,6 +179,37 @@ def agent_params(config: Config, today: Manifest, when: datetime) -> dict[str, A
     }
 
 
+def snapshot_as_of(
+    config: Config,
+    transport: Transport,
+    python: str,
+    when: datetime,
+    *,
+    label: str | None = None,
+    log_dir: Path | None = None,
+    timeout_s: float = 60,
+) -> Reconstruction:
+    """Today's snapshot of ``python``'s machine, rebuilt for ``when``."""
+    from envbisect.collect import take_snapshot
+
+    today = take_snapshot(
+        config, transport, python, label=label, log_dir=log_dir, timeout_s=timeout_s
+    )
+    own_logs = log_dir is None
+    logs = Path(tempfile.mkdtemp(prefix="envbisect-asof-")) if log_dir is None else log_dir
+    try:
+        return reconstruct(
+            config, transport, python, when, today=today, log_dir=logs, timeout_s=timeout_s
+        )
+    except ReconstructError as exc:
+        if isinstance(exc.__context__, TransportError):
+            own_logs = False  # keep the full log the message points at
+        raise
+    finally:
+        if own_logs:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
 def reconstruct(
     config: Config,
     transport: Transport,
@@ -416,17 +447,23 @@ class _Builder:
             f"modified {iso(held['mtime'])}, after the time" if held.get("mtime") else "missing"
         )
         earlier = self._earlier_snapshot(section, path)
+        copy = held.get("copy")
+        if section == "data" and copy:
+            # The copy is what a run can realize; an earlier snapshot that agrees confirms it.
+            why = f"{changed}; data_map copy {copy['path']} last modified {iso(copy['mtime'])}"
+            sure = Confidence.MEDIUM if copy["mtime"] <= self.when.timestamp() else Confidence.LOW
+            if earlier is not None and earlier[0].get("fingerprint") == copy["facts"].get(
+                "fingerprint"
+            ):
+                why += f", as recorded by {earlier[1]}"
+                sure = Confidence.HIGH
+            self.note(section, path, sure, "data-map-copy", why)
+            return copy["facts"]
         if earlier is not None:
             value, origin = earlier
             why = f"{changed}; as recorded by {origin}"
             self.note(section, path, Confidence.MEDIUM, "earlier-snapshot", why)
             return value
-        copy = held.get("copy")
-        if section == "data" and copy:
-            why = f"{changed}; data_map copy {copy['path']} last modified {iso(copy['mtime'])}"
-            sure = Confidence.MEDIUM if copy["mtime"] <= self.when.timestamp() else Confidence.LOW
-            self.note(section, path, sure, "data-map-copy", why)
-            return copy["facts"]
         why = f"{changed}; no earlier snapshot or copy holds it: today's taken"
         self.note(section, path, Confidence.UNKNOWN, "today", why)
         return entry
