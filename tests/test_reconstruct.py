@@ -29,7 +29,7 @@ from envbisect.config import Config
 from envbisect.errors import ReconstructError
 from envbisect.reconstruct import iso, parse_as_of
 from envbisect.transport import Transport
-from tests.helpers_run import WORKLOAD, build_wheel, uv
+from tests.helpers_run import WORKLOAD, build_wheel, run_workload, uv
 
 DAY = 86400.0
 NOW = time.time()
@@ -438,3 +438,51 @@ def test_run_good_as_of_names_the_upgrade(world: World) -> None:
     assert doc["culprits"][0]["changes"] == [{"key": "ebwork", "old": "1.0", "new": "3.0"}]
     assert f"reconstructed as of {iso(T)}" in res.stderr
     assert any("env vars taken as today's, compile caches cold" in n for n in doc["notes"])
+
+
+@pytest.mark.slow
+def test_run_good_as_of_that_is_not_fast_names_the_doubtful_facts(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slowdown is an env var set since: env vars leave no history, so the
+    reconstructed good state takes today's value and is slow too; the run says why."""
+    # The speed the user remembers: the workload as it ran at the time.
+    fast = run_workload(world.python, world.repo / "train.py", env=dict(os.environ))
+    world.after()
+    cfg = yaml.safe_load(world.config.read_text())
+    cfg.update(env=["EB_SLOW"])
+    world.config.write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("EB_SLOW", "8")
+    out = world.tmp / "result.json"
+    res = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--config",
+            str(world.config),
+            "--python",
+            world.python,
+            "--good-as-of",
+            iso(T),
+            "--until-ktoks",
+            f"{fast / 3:.0f}tok/s",
+            "--session",
+            str(world.tmp / "session"),
+            "--json",
+            str(out),
+            "--max-trials",
+            "4",
+            "--",
+            "python",
+            str(world.repo / "train.py"),
+        ],
+        standalone_mode=False,
+        catch_exceptions=False,
+    )
+    doc = json.loads(out.read_text())
+    assert res.return_value == 1, res.output
+    assert doc["outcome"] == "not-reproduced", doc["message"]
+    doubtful = [n for n in doc["notes"] if "the reconstructed good state was not good" in n]
+    assert len(doubtful) == 1
+    assert "env *: unknown (environment variables leave no history" in doubtful[0]
+    assert "packages eblate: low" in doubtful[0]
