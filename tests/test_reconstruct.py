@@ -10,6 +10,8 @@ changes dated after ``T`` are made.
 
 from __future__ import annotations
 
+import ast
+import glob
 import json
 import os
 import shutil
@@ -27,7 +29,7 @@ from envbisect.cli import cli, main
 from envbisect.collect import take_snapshot
 from envbisect.config import Config
 from envbisect.errors import ReconstructError
-from envbisect.reconstruct import iso, parse_as_of
+from envbisect.reconstruct import AGENT, iso, parse_as_of
 from envbisect.transport import Transport
 from tests.helpers_run import WORKLOAD, build_wheel, run_workload, uv
 
@@ -486,3 +488,24 @@ def test_run_good_as_of_that_is_not_fast_names_the_doubtful_facts(
     assert len(doubtful) == 1
     assert "env *: unknown (environment variables leave no history" in doubtful[0]
     assert "packages eblate: low" in doubtful[0]
+
+
+OLD_PYTHONS = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+
+
+def test_the_history_agent_is_python_38_and_stdlib_only(tmp_path: Path) -> None:
+    from envbisect.agent.bundle import build_bundle
+
+    ast.parse(build_bundle(AGENT, {}).source, feature_version=(3, 8))
+    if not OLD_PYTHONS:
+        pytest.skip("no Python 3.8 interpreter on this machine")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main", when=T0)
+    _write(repo / "a.txt", "a\n", T0)
+    sha = _commit(repo, "a", T0)
+    params = {"as_of": T, "repos": [str(repo)], "files": [str(repo / "a.txt")]}
+    held = Transport().run_agent(OLD_PYTHONS[0], AGENT, params, timeout_s=60, log_dir=tmp_path)
+    assert held["repos"][str(repo)]["head"] == sha
+    assert held["repos"][str(repo)]["method"] == "reflog"
+    assert held["repos"][str(repo)]["files"][str(repo / "a.txt")]["size"] == 2
