@@ -287,7 +287,7 @@ class _Builder:
                 continue
             if not past.get("head"):
                 first = past.get("first_commit_time")
-                since = f" (its first commit is of {iso(first)})" if first else ""
+                since = f" (its first commit is from {iso(first)})" if first else ""
                 raise ReconstructError(
                     f"{repo}: no commit before {iso(self.when)}{since}; nothing to reconstruct"
                 )

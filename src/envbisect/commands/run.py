@@ -256,7 +256,8 @@ def _with_reconstruction_notes(
         f"the good state was reconstructed as of {iso(rec.as_of)}: env vars taken as today's, "
         f"compile caches cold; {len(doubtful)} fact(s) of low or unknown confidence"
     ]
-    if result.outcome in ("not-reproduced", "unfaithful"):
+    # Measured and not fast (a crash has its own reason, said by the run).
+    if result.outcome in ("not-reproduced", "unfaithful") and result.good_median is not None:
         notes.append(
             "the reconstructed good state was not good: its low-confidence facts are the likely "
             "reason: " + "; ".join(f.describe() for f in doubtful)
