@@ -346,6 +346,8 @@ def test_without_requirements_the_newest_release_before_the_time(world: World) -
         ("yesterday-ish", "not a date"),
         (iso(NOW + DAY), "is in the future"),
         (iso(T0 - DAY), "no commit before"),
+        # The repo existed (its first commit), the venv's packages not yet.
+        (iso(T0 + 60), "the environment did not exist then"),
     ],
 )
 def test_bad_times_are_one_line_exit_2(

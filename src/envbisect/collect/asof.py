@@ -72,6 +72,8 @@ def head_from_reflog(c, repo, when):
         stamp = int(found.group(1))
         oldest = stamp
         if stamp <= when:
+            if _git(c, repo, "cat-file", "-e", sha + "^{commit}")[0] != 0:
+                return None, f"the reflog names {sha[:12]}, which is no longer in the repo"
             return sha, {"reflog_time": stamp, "reflog_entry": subject}
     if oldest is None:
         return None, "the reflog is empty (a fresh clone, or reflogs disabled)"
