@@ -162,8 +162,9 @@ class World:
             )
         )
 
-    def install(self, *reqs: str, when: float) -> None:
+    def install(self, *reqs: str, when: float, venv: Path | None = None) -> None:
         """``uv pip install`` from the index, then date the install (and what uv cached)."""
+        venv = venv or self.venv
         cached = set(self.uv_cache.glob("archive-v*/*"))
         subprocess.run(
             [
@@ -172,7 +173,7 @@ class World:
                 "install",
                 "-q",
                 "--python",
-                self.python,
+                str(venv / "bin" / "python"),
                 "--no-deps",
                 "--index-url",
                 self.index.as_uri(),
@@ -182,7 +183,7 @@ class World:
         )
         for archive in set(self.uv_cache.glob("archive-v*/*")) - cached:
             os.utime(archive, (when, when))
-        site = next(self.venv.glob("lib/python*/site-packages"))
+        site = next(venv.glob("lib/python*/site-packages"))
         for req in reqs:
             name, _, version = req.partition("==")
             info = site / f"{name}-{version}.dist-info"
@@ -324,6 +325,21 @@ def test_a_fresh_clone_and_no_requirements_fall_back_and_say_so(
     # No earlier snapshot: the changed file is unknown, today's content taken.
     assert _confidence(rec, "files", str(world.sched_cfg)) == ("unknown", "today")
     assert rec.section("files")[str(world.sched_cfg)]["size"] == len("warmup = 400\n")
+
+
+def test_an_older_venv_kept_beside_the_target_is_evidence(world: World) -> None:
+    old = world.tmp / "venv-old"
+    subprocess.run([uv(), "venv", "-q", str(old)], check=True)
+    world.install("eblate==1.0", when=T0, venv=old)
+    world.after()
+    res, rec = _snapshot_as_of(world, iso(T))
+    assert res.exit_code == 0, res.output
+    assert rec is not None
+    assert rec.section("packages")["eblate"]["version"] == "1.0"
+    assert _confidence(rec, "packages", "eblate") == ("medium", "kept-wheel")
+    evidence = rec.section("reconstructed")["facts"]["packages"]["eblate"]["evidence"]
+    assert evidence.startswith("previous venv holds eblate 1.0 since " + iso(T0))
+    assert str(old) in evidence
 
 
 def test_without_requirements_the_newest_release_before_the_time(world: World) -> None:

@@ -9,8 +9,8 @@ it into a manifest with a confidence per fact. Times are POSIX seconds (UTC).
   that commit; files under ``files:`` inside the repo, as they were at that commit.
 - packages: when each distribution was installed (its dist-info's newest of directory,
   INSTALLER and RECORD mtimes: an installer writes those at install time).
-- older wheels the machine keeps: uv's unpacked archives, pip's built wheels, find-links
-  directories; each with the time it landed there.
+- older builds the machine keeps: uv's unpacked archives, pip's built wheels, find-links
+  directories, venvs beside the target's; each with the time it landed there.
 - loose files and datasets: their mtime; a ``data_map`` copy's facts.
 """
 
@@ -189,9 +189,38 @@ def _mtime(path):
         return None
 
 
-def kept_wheels(uv_cache, pip_cache, find_links):
+def previous_envs():
+    """Other venvs beside this one (``.venv-old``, ``venv.bak``): a user who rebuilt an
+    environment often kept the old one."""
+    if sys.prefix == getattr(sys, "base_prefix", sys.prefix):
+        return []
+    here = os.path.realpath(sys.prefix)
+    parent = os.path.dirname(here)
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        path = os.path.join(parent, name)
+        if os.path.realpath(path) != here and os.path.isfile(os.path.join(path, "pyvenv.cfg")):
+            out.append(path)
+    return out
+
+
+def kept_wheels(uv_cache, pip_cache, find_links, envs=()):
     """name -> [{version, source, path, time}] of every older build the machine keeps."""
     found = []
+    for env in envs:
+        for info in glob.glob(os.path.join(env, "lib", "python*", "site-packages", "*.dist-info")):
+            found.append(
+                (
+                    "previous venv",
+                    info,
+                    _DIST_INFO.match(os.path.basename(info)),
+                    _installed_time(info),
+                )
+            )
     if uv_cache:
         # uv unpacks each wheel it fetched once, into archive-v<N>/<id>/: the directory's
         # mtime is when that happened.
@@ -266,6 +295,7 @@ def main(params):
             params.get("uv_cache") or uv_cache,
             params.get("pip_cache") or pip_cache,
             params.get("find_links") or [],
+            previous_envs(),
         ),
         "loose": loose_paths(
             c, files + list(params.get("data") or []), params.get("data_map") or {}
