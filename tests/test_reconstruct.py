@@ -429,34 +429,41 @@ def test_run_good_as_of_names_the_upgrade(world: World) -> None:
     world.reference(earlier_copy=True)
     world.after()
     out = world.tmp / "result.json"
-    res = CliRunner().invoke(
-        cli,
-        [
-            "run",
-            "--config",
-            str(world.config),
-            "--python",
-            world.python,
-            "--good-as-of",
-            iso(T),
-            "--until",
-            "50%",
-            "--session",
-            str(world.tmp / "session"),
-            "--json",
-            str(out),
-            "--",
-            "python",
-            str(world.repo / "train.py"),
-        ],
-        standalone_mode=False,
-        catch_exceptions=False,
-    )
+    argv = [
+        "run",
+        "--config",
+        str(world.config),
+        "--python",
+        world.python,
+        "--good-as-of",
+        iso(T),
+        "--until",
+        "50%",
+        "--session",
+        str(world.tmp / "session"),
+        "--json",
+        str(out),
+    ]
+    smoke = ["--", "python", str(world.repo / "train.py")]
+
+    def run(*extra: str) -> Any:
+        return CliRunner().invoke(
+            cli, [*argv, *extra, *smoke], standalone_mode=False, catch_exceptions=False
+        )
+
+    # Stopped after the endpoints and one trial (as an interruption would), then resumed.
+    first = run("--max-trials", "3")
+    assert json.loads(out.read_text())["outcome"] == "aborted", first.output
+    assert f"reconstructed as of {iso(T)}" in first.stderr
+    written = sorted(world.mdir.glob("good-as-of-*.yaml"))
+    assert len(written) == 1
+    res = run("--resume")
     doc = json.loads(out.read_text())
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
     assert doc["culprits"][0]["changes"] == [{"key": "ebwork", "old": "1.0", "new": "3.0"}]
-    assert f"reconstructed as of {iso(T)}" in res.stderr
+    assert f"good state: {written[0]} (reconstructed when the session started)" in res.stderr
+    assert sorted(world.mdir.glob("good-as-of-*.yaml")) == written  # not rebuilt
     assert any("env vars taken as today's, compile caches cold" in n for n in doc["notes"])
 
 

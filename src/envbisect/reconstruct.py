@@ -71,6 +71,19 @@ class Reconstruction:
     facts: tuple[Fact, ...]
     as_of: datetime
 
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> Reconstruction:
+        """The reconstruction a written manifest records (ReconstructError when none)."""
+        block = manifest.section("reconstructed")
+        try:
+            when = datetime.fromisoformat(str(block.get("as_of")).replace("Z", "+00:00"))
+        except ValueError:
+            raise ReconstructError(
+                f"{manifest.path or manifest.label}: not a reconstructed manifest "
+                "(no reconstructed.as_of)"
+            ) from None
+        return cls(manifest, tuple(facts_of(manifest).values()), when)
+
     def doubtful(self) -> tuple[Fact, ...]:
         """Facts of low or unknown confidence: the likely reasons a good state is not good."""
         return tuple(f for f in self.facts if f.confidence in LOW_CONFIDENCE)

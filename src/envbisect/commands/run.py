@@ -127,7 +127,9 @@ def command(**flags: Any) -> int:
         click.echo(redact_text(line), err=True)
 
     rec = None
-    if when is not None:
+    if when is not None and args.resume:
+        rec, good_path = _reconstructed_earlier(session_root(config, args.session_dir), say)
+    elif when is not None:
         rec, good_path = _reconstruct_good(config, (transport, py), when, args.timeout_s, say)
     assert good_path is not None
     options = args.options(config, threshold, good_path, (transport, py), smoke)
@@ -241,6 +243,25 @@ def _reconstruct_good(
     say(f"good state: {path}")
     for line in summary(rec):
         say(line)
+    return rec, path
+
+
+def _reconstructed_earlier(
+    session_dir: Path, say: Callable[[str], None]
+) -> tuple[Reconstruction, Path]:
+    """On --resume, the good state the session was started with: rebuilding it now could
+    read a history that moved on since."""
+    from envbisect.bisect.session import Session
+    from envbisect.errors import UsageError
+    from envbisect.manifest import load
+    from envbisect.reconstruct import Reconstruction
+
+    header = Session(session_dir).header() or {}
+    if not header.get("good"):
+        raise UsageError(f"{session_dir}: no session to resume (no good state recorded)")
+    path = Path(header["good"])
+    rec = Reconstruction.from_manifest(load(path))
+    say(f"good state: {path} (reconstructed when the session started)")
     return rec, path
 
 
