@@ -29,7 +29,7 @@ from envbisect.cli import cli, main
 from envbisect.collect import take_snapshot
 from envbisect.config import Config
 from envbisect.errors import ReconstructError
-from envbisect.reconstruct import AGENT, iso, parse_as_of
+from envbisect.reconstruct import AGENT, Confidence, iso, parse_as_of, rebuild
 from envbisect.transport import Transport
 from tests.helpers_run import WORKLOAD, build_wheel, run_workload, uv
 
@@ -534,3 +534,73 @@ def test_the_history_agent_is_python_38_and_stdlib_only(tmp_path: Path) -> None:
     assert held["repos"][str(repo)]["head"] == sha
     assert held["repos"][str(repo)]["method"] == "reflog"
     assert held["repos"][str(repo)]["files"][str(repo / "a.txt")]["size"] == 2
+
+
+# -- the weighing alone, on what an agent could return (no uv, no target) -------------------
+
+
+def _today() -> mf.Manifest:
+    return mf.Manifest(
+        {
+            "meta": {"label": "today", "created": iso(NOW)},
+            "python": {"executable": "/venv/bin/python"},
+            "packages": {
+                "torch": {"version": "2.13.0", "editable": False},
+                "mine": {"version": "0.1", "editable": True},
+                "numpy": {"version": "2.3.0", "editable": False},
+                "setuptools": {"version": "80.0", "editable": False},
+            },
+            "torch": {"version": "2.13.0", "git_version": "abc", "cuda": "13.0"},
+        }
+    )
+
+
+def _held(**kept: list[dict[str, Any]]) -> dict[str, Any]:
+    info = "/venv/lib/python3.11/site-packages/{}.dist-info"
+    return {
+        "packages": {
+            "torch": {"version": "2.13.0", "installed": T2, "dist_info": info.format("torch")},
+            "mine": {"version": "0.1", "installed": T2, "dist_info": info.format("mine")},
+            "numpy": {"version": "2.3.0", "installed": T2, "dist_info": info.format("numpy")},
+            "setuptools": {"version": "80.0", "installed": T0, "dist_info": info.format("st")},
+        },
+        "kept_wheels": kept,
+    }
+
+
+def test_the_torch_stack_replaced_since_takes_its_kept_build_and_drops_todays_build_facts(
+    tmp_path: Path,
+) -> None:
+    kept = {"torch": [{"version": "2.12.0", "source": "uv cache", "path": "/c/t", "time": T0}]}
+    calls: list[tuple[str, str, list[str]]] = []
+
+    def resolver(name: str, text: str, cons: list[str], when: Any) -> dict[str, str]:
+        calls.append((name, text, cons))
+        return {"numpy": "2.2.0"}
+
+    config = Config(root=tmp_path, manifests_dir=tmp_path)
+    rec = rebuild(config, _today(), parse_as_of(iso(T)), _held(**kept), resolver)
+    packages = rec.manifest.section("packages")
+    assert packages["torch"]["version"] == "2.12.0"
+    assert rec.manifest.section("torch") == {"version": "2.12.0", "git_version": None, "cuda": None}
+    # No requirements: what was installed since, against what was there before.
+    assert calls == [("requirements.in", "numpy\ntorch\n", ["setuptools==80.0"])]
+    assert packages["numpy"]["version"] == "2.2.0"
+    # An editable install keeps no history: today's, said so.
+    assert packages["mine"]["version"] == "0.1"
+    facts = {(f.section, f.key): f for f in rec.facts}
+    assert facts["packages", "mine"].confidence is Confidence.UNKNOWN
+    assert facts["packages", "setuptools"].confidence is Confidence.HIGH
+
+
+def test_a_resolver_that_fails_leaves_todays_version_as_unknown(tmp_path: Path) -> None:
+    def resolver(name: str, text: str, cons: list[str], when: Any) -> dict[str, str]:
+        raise ReconstructError("uv pip compile: no index reachable")
+
+    config = Config(root=tmp_path, manifests_dir=tmp_path)
+    rec = rebuild(config, _today(), parse_as_of(iso(T)), _held(), resolver)
+    assert rec.manifest.section("packages")["numpy"]["version"] == "2.3.0"
+    fact = next(f for f in rec.facts if f.key == "numpy")
+    assert fact.confidence is Confidence.UNKNOWN
+    assert "no index reachable" in fact.evidence
+    assert rec.manifest.section("torch")["git_version"] == "abc"  # torch kept: unchanged

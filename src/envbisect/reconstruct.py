@@ -252,8 +252,21 @@ def reconstruct(
         raise ReconstructError(f"reading the history of {python}: {held['__agent_error__']}")
     errors = list(held.get("errors") or [])
     errors.extend(store_blobs(held.get("blobs") or {}, config.blobs_dir))
-    builder = _Builder(config, today, when, held, resolver or uv_resolver(config))
-    return builder.build(errors)
+    return rebuild(config, today, when, held, resolver or uv_resolver(config), errors)
+
+
+def rebuild(
+    config: Config,
+    today: Manifest,
+    when: datetime,
+    held: Mapping[str, Any],
+    resolver: Resolver,
+    errors: list[dict[str, str]] | None = None,
+) -> Reconstruction:
+    """``today`` rewritten for ``when`` from what the target ``held`` (the as-of agent's
+    result). Reads only earlier manifests in ``config.manifests_dir``; packages installed
+    after the time with no older build kept go to ``resolver``."""
+    return _Builder(config, today, when, held, resolver).build(list(errors or []))
 
 
 @dataclass
@@ -399,11 +412,21 @@ class _Builder:
         self, later: list[str], before: dict[str, Any]
     ) -> tuple[dict[str, str], str, str | None]:
         """(pins, what was resolved, failure) for packages installed after the time."""
-        constraints = [f"{n}=={i['version']}" for n, i in sorted(before.items()) if i["version"]]
+        # A local or URL install is on no index: it would only make the resolution fail.
+        today = self.today.section("packages")
+        local = {n for n, e in today.items() if e.get("editable") or e.get("direct_url")}
+        later = [n for n in later if n not in local]
+        constraints = [
+            f"{n}=={i['version']}"
+            for n, i in sorted(before.items())
+            if i["version"] and n not in local
+        ]
         for repo, past in sorted((self.held.get("repos") or {}).items()):
             for fname, text in sorted((past.get("requirements") or {}).items()):
                 source = f"{fname} at {str(past.get('head'))[:12]} of {repo}"
                 return self._resolve(fname, text, constraints, source)
+        if not later:
+            return {}, "", None
         # No requirements: the newest release before the time that the rest accepts.
         text = "".join(f"{n}\n" for n in later)
         source = "the packages installed since, against those installed before"
