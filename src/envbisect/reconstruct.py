@@ -280,6 +280,7 @@ class _Builder:
     resolver: Resolver
     facts: list[Fact] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
+    earlier: list[tuple[str, Manifest]] | None = None
 
     def note(self, section: str, key: str, confidence: Confidence, method: str, why: str) -> None:
         self.facts.append(Fact(section, key, confidence, method, why))
@@ -504,26 +505,34 @@ class _Builder:
         self.note(section, path, Confidence.UNKNOWN, "today", why)
         return entry
 
+    def _earlier_snapshots(self) -> list[tuple[str, Manifest]]:
+        """(created, manifest) of every snapshot in ``manifests_dir`` taken before the
+        time, newest first; read once."""
+        if self.earlier is None:
+            self.earlier = []
+            for candidate in sorted(self.config.manifests_dir.glob("*.yaml")):
+                try:
+                    old = load_manifest(candidate)
+                except ManifestError:
+                    continue
+                created = str(old.section("meta").get("created") or "")
+                if not old.reconstructed and created and created <= iso(self.when):
+                    self.earlier.append((created, old))
+            self.earlier.sort(key=lambda pair: pair[0], reverse=True)
+        return self.earlier
+
     def _earlier_snapshot(self, section: str, path: str) -> tuple[Any, str] | None:
-        """The newest manifest in ``manifests_dir`` taken before the time that records
-        ``path`` (for files: with its content stored)."""
-        best: tuple[str, Any, str] | None = None
-        for candidate in sorted(self.config.manifests_dir.glob("*.yaml")):
-            try:
-                old = load_manifest(candidate)
-            except ManifestError:
-                continue
-            created = str(old.section("meta").get("created") or "")
-            if old.sections.get("reconstructed") or not created or created > iso(self.when):
-                continue
+        """The newest earlier snapshot's entry for ``path`` (for files: with its content
+        stored, or recorded as missing), and where it came from."""
+        for created, old in self._earlier_snapshots():
             value = old.section(section).get(path)
             if not isinstance(value, dict):
                 continue
             if section == "files" and not (value.get("blob") or value.get("exists") is False):
                 continue
-            if best is None or created > best[0]:
-                best = (created, value, f"{candidate.name} (taken {created})")
-        return None if best is None else (best[1], best[2])
+            name = old.path.name if old.path else old.label
+            return value, f"{name} (taken {created})"
+        return None
 
     # -- env and caches ------------------------------------------------------------------
 
