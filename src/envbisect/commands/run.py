@@ -126,18 +126,21 @@ def command(**flags: Any) -> int:
     def say(line: str) -> None:
         click.echo(redact_text(line), err=True)
 
-    rec = None
-    if when is not None and args.resume:
-        rec, good_path = _reconstructed_earlier(session_root(config, args.session_dir), say)
-    elif when is not None:
-        rec, good_path = _reconstruct_good(config, (transport, py), when, args.timeout_s, say)
-    assert good_path is not None
-    options = args.options(config, threshold, good_path, (transport, py), smoke)
+    # With --good-as-of the good path is known once the state is rebuilt (below).
+    options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
     validate_options(options)
     # Outputs are checked before the first trial: a typo must not cost a whole run.
     for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
         if path and path != "-":
             check_writable(flag, Path(path))
+    rec = None
+    if when is not None:
+        rec, rebuilt = (
+            _reconstructed_earlier(options.session_dir, say)
+            if args.resume
+            else _reconstruct_good(config, (transport, py), when, args.timeout_s, say)
+        )
+        options = replace(options, good=rebuilt.absolute())
 
     say(
         f"envbisect run: {threshold.describe()}; smoke: {smoke.describe()}; "
