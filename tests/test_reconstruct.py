@@ -604,3 +604,10 @@ def test_a_resolver_that_fails_leaves_todays_version_as_unknown(tmp_path: Path) 
     assert fact.confidence is Confidence.UNKNOWN
     assert "no index reachable" in fact.evidence
     assert rec.manifest.section("torch")["git_version"] == "abc"  # torch kept: unchanged
+
+
+def test_a_reconstructed_block_of_the_wrong_type_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema: envbisect/manifest@2\nreconstructed: [1, 2]\n")
+    with pytest.raises(mf.ManifestError, match="field 'reconstructed' must be a mapping"):
+        mf.load(bad)

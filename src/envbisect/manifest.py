@@ -49,7 +49,6 @@ SECTIONS: tuple[str, ...] = (
     "caches",
     "env",
     "probes",
-    "reconstructed",
 )
 
 # libyaml's safe loader/dumper when present: several times faster on big package lists.
@@ -339,7 +338,8 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
         if not isinstance(device, dict):
             kind = type(device).__name__
             raise ManifestError(f"{source}: field 'gpu.devices[{i}]' must be a mapping, got {kind}")
-    _check_reconstructed(source, sections.get("reconstructed", {}))
+    # Not a fact section (no section module): how facts were found; written last.
+    _check_reconstructed(source, sections.get("reconstructed") or {})
     for key, value in sections.get("env", {}).items():
         if not isinstance(value, (str, dict)):
             kind = type(value).__name__
@@ -350,6 +350,8 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
 
 def _check_reconstructed(source: str, block: dict[str, Any]) -> None:
     """``reconstructed.facts.<section>.<key>`` are mappings with a known confidence."""
+    if not isinstance(block, dict):
+        raise ManifestError(f"{source}: field 'reconstructed' must be a mapping")
     facts = block.get("facts") or {}
     if not isinstance(facts, dict):
         raise ManifestError(f"{source}: field 'reconstructed.facts' must be a mapping")
