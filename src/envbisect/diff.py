@@ -41,6 +41,10 @@ A fact present on one side and missing on the other *because collecting it faile
 (an entry in that side's ``meta.errors``, e.g. a hung ``nvidia-smi``) is no change: its note
 says so and its unit is never bisectable.
 
+A manifest rebuilt for an earlier time (``snapshot --as-of``) carries a ``reconstructed:``
+block; a change whose good or bad fact was reconstructed says so in its note, with the
+fact's confidence and method, and each side names the time it was rebuilt for.
+
 Volatile facts (``meta``: created time, elapsed, host; mtimes; the package ``installer``;
 cache digests when files, sizes and subdirectories are unchanged, i.e. only mtimes moved) are
 left out unless ``include_volatile=True``; ``DiffResult.hidden`` counts them.
@@ -182,12 +186,15 @@ class DiffResult:
 
 def _side(m: Manifest) -> dict[str, Any]:
     meta = m.section("meta")
-    return {
+    side = {
         "path": str(m.path) if m.path else None,
         "label": m.label,
         "created": meta.get("created"),
         "host": meta.get("host"),
     }
+    if m.reconstructed:
+        side["reconstructed_as_of"] = m.section("reconstructed").get("as_of")
+    return side
 
 
 def _plural(n: int, word: str) -> str:
@@ -244,10 +251,13 @@ def diff_manifests(
     names = list(good.sections) + [n for n in bad.sections if n not in good.sections]
     found: list[Found] = []
     for name in names:
+        if name == "reconstructed":  # how facts were found, not facts: marked below
+            continue
         g, b = good.sections.get(name), bad.sections.get(name)
         if g != b:
             found.extend(registry.get(name).diff(src, g, b))
     found = _mark_uncollected(found, good, bad)
+    found = _mark_reconstructed(found, good, bad)
     kept = [f for f in found if include_volatile or not f.volatile]
     left_out = tuple(f.change for f in found if f.volatile and not include_volatile)
     ctx = DiffContext(good, bad, tuple(f.change for f in kept), data_map or {})
@@ -301,6 +311,37 @@ def _mark_uncollected(found: list[Found], good: Manifest, bad: Manifest) -> list
                 "snapshot again once it can be read"
             )
             item = Found(replace(change, note=note), item.volatile, why)
+        out.append(item)
+    return out
+
+
+def _reconstructed_facts(m: Manifest) -> dict[tuple[str, str], str]:
+    """(section, key) -> ``confidence, method`` of each reconstructed fact (key ``*``: the
+    whole section)."""
+    out = {}
+    facts = m.section("reconstructed").get("facts") or {}
+    for section, entries in facts.items():
+        for key, fact in (entries or {}).items():
+            out[(section, key)] = f"{fact.get('confidence')}, {fact.get('method')}"
+    return out
+
+
+def _mark_reconstructed(found: list[Found], good: Manifest, bad: Manifest) -> list[Found]:
+    """A change whose fact was reconstructed for a past time says so, and how sure it is."""
+    sides = [(name, _reconstructed_facts(m)) for name, m in (("good", good), ("bad", bad))]
+    if not any(facts for _, facts in sides):
+        return found
+    out: list[Found] = []
+    for item in found:
+        change = item.change
+        marks = []
+        for name, facts in sides:
+            how = facts.get((change.section, change.key)) or facts.get((change.section, "*"))
+            if how is not None:
+                marks.append(f"{name} reconstructed ({how})")
+        if marks:
+            note = "; ".join(([change.note] if change.note else []) + marks)
+            item = item._replace(change=replace(change, note=note))
         out.append(item)
     return out
 

@@ -28,6 +28,10 @@ class CollectError(EnvBisectError):
     """The collector agent could not produce a manifest at all."""
 
 
+class ReconstructError(EnvBisectError):
+    """A past state cannot be reconstructed: a bad or future time, or one before any history."""
+
+
 class TransportError(EnvBisectError):
     """A layer chain is invalid, or a program run through it returned no framed result."""
 

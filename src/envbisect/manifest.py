@@ -1,4 +1,9 @@
-"""The manifest: facts of one machine state (schema ``envbisect/manifest@1``).
+"""The manifest: facts of one machine state (schema ``envbisect/manifest@2``).
+
+Schema 2 adds the ``reconstructed:`` block (facts rebuilt for an earlier time, each with its
+confidence and evidence: ``envbisect.reconstruct``). A manifest without that block is the
+same as in schema 1 and is still written as ``@1``, so older envbisect versions keep reading
+ordinary snapshots; ``@1`` files load as before.
 
 Loading is shared by every command: a malformed file, a missing or newer ``schema`` or a
 section of the wrong type is one ManifestError naming the file and the field. Unknown extra
@@ -22,8 +27,13 @@ import yaml
 from envbisect.errors import ManifestError
 
 SCHEMA_NAME = "envbisect/manifest"
-SCHEMA_VERSION = 1
-SCHEMA = f"{SCHEMA_NAME}@{SCHEMA_VERSION}"
+SCHEMA_VERSION = 2
+# What a manifest without a ``reconstructed:`` block is written as (readable by envbisect
+# versions that know schema 1 only).
+PLAIN_SCHEMA_VERSION = 1
+SCHEMA = f"{SCHEMA_NAME}@{PLAIN_SCHEMA_VERSION}"
+RECONSTRUCTED_SCHEMA = f"{SCHEMA_NAME}@{SCHEMA_VERSION}"
+CONFIDENCES = ("high", "medium", "low", "unknown")
 
 # Section order in the written file (stable, human-first); unknown sections follow.
 SECTIONS: tuple[str, ...] = (
@@ -241,8 +251,14 @@ class Manifest:
     def label(self) -> str:
         return str(self.section("meta").get("label") or (self.path.stem if self.path else "?"))
 
+    @property
+    def reconstructed(self) -> bool:
+        """True when some facts were rebuilt for an earlier time rather than collected."""
+        return bool(self.section("reconstructed"))
+
     def as_dict(self) -> dict[str, Any]:
-        ordered: dict[str, Any] = {"schema": SCHEMA}
+        schema = RECONSTRUCTED_SCHEMA if self.reconstructed else SCHEMA
+        ordered: dict[str, Any] = {"schema": schema}
         for name in SECTIONS:
             if name in self.sections:
                 ordered[name] = self.sections[name]
@@ -286,7 +302,7 @@ def _check_schema(source: str, schema: Any) -> None:
     if int(version) > SCHEMA_VERSION:
         raise ManifestError(
             f"{source}: field 'schema' is {schema!r}, newer than this envbisect reads "
-            f"({SCHEMA}); upgrade envbisect"
+            f"({RECONSTRUCTED_SCHEMA}); upgrade envbisect"
         )
 
 
@@ -322,12 +338,36 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
         if not isinstance(device, dict):
             kind = type(device).__name__
             raise ManifestError(f"{source}: field 'gpu.devices[{i}]' must be a mapping, got {kind}")
+    # Not a fact section (no section module): how facts were found; written last.
+    _check_reconstructed(source, sections.get("reconstructed") or {})
     for key, value in sections.get("env", {}).items():
         if not isinstance(value, (str, dict)):
             kind = type(value).__name__
             raise ManifestError(
                 f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
             )
+
+
+def _check_reconstructed(source: str, block: dict[str, Any]) -> None:
+    """``reconstructed.facts.<section>.<key>`` are mappings with a known confidence."""
+    if not isinstance(block, dict):
+        raise ManifestError(f"{source}: field 'reconstructed' must be a mapping")
+    facts = block.get("facts") or {}
+    if not isinstance(facts, dict):
+        raise ManifestError(f"{source}: field 'reconstructed.facts' must be a mapping")
+    for section, entries in facts.items():
+        if not isinstance(entries, dict):
+            where = f"reconstructed.facts.{section}"
+            raise ManifestError(f"{source}: field '{where}' must be a mapping")
+        for key, fact in entries.items():
+            where = f"reconstructed.facts.{section}.{key}"
+            if not isinstance(fact, dict):
+                raise ManifestError(f"{source}: field '{where}' must be a mapping")
+            if fact.get("confidence") not in CONFIDENCES:
+                raise ManifestError(
+                    f"{source}: field '{where}.confidence' must be one of "
+                    f"{', '.join(CONFIDENCES)}, got {fact.get('confidence')!r}"
+                )
 
 
 # The leaf fields the code reads (per entry of a keyed section, and in the plain sections),

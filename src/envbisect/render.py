@@ -119,6 +119,8 @@ def _side_line(name: str, side: dict[str, Any]) -> str:
         facts.append(str(side["created"]))
     if side.get("host"):
         facts.append(str(side["host"]))
+    if side.get("reconstructed_as_of"):
+        facts.append(f"reconstructed as of {side['reconstructed_as_of']}")
     where = side.get("path") or "(fresh snapshot)"
     return f"{name:<4}  {where}  ({', '.join(facts)})"
 
@@ -196,6 +198,8 @@ def _md(text: str) -> str:
 def _md_side(name: str, side: dict[str, Any]) -> str:
     where = f"`{side['path']}`" if side.get("path") else "a fresh snapshot"
     facts = ", ".join(str(side[k]) for k in ("label", "created", "host") if side.get(k))
+    if side.get("reconstructed_as_of"):
+        facts += f", reconstructed as of {side['reconstructed_as_of']}"
     return f"- **{name}**: {where} ({_md(facts)})"
 
 

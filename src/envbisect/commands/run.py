@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from envbisect.commands.common import (
 if TYPE_CHECKING:
     from envbisect.config import Config
     from envbisect.metric import Threshold
+    from envbisect.reconstruct import Reconstruction
     from envbisect.runner import RunOptions, RunResult, SmokeCommand
     from envbisect.transport import Transport
 
@@ -42,6 +44,13 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 @click.command("run", context_settings={"ignore_unknown_options": True})
 @click.option(
     "--good", "good", metavar="PATH", help="Known-good manifest (default: good: in envbisect.yaml)."
+)
+@click.option(
+    "--good-as-of",
+    "good_as_of",
+    metavar="WHEN",
+    help="No good manifest? Reconstruct the good state as it most probably was at WHEN "
+    "('2026-11-20 09:00', local time) from what the machine still holds (see snapshot --as-of).",
 )
 @click.option(
     "--bad", "bad", metavar="PATH", help="Broken-state manifest (default: a fresh snapshot now)."
@@ -101,14 +110,20 @@ def command(**flags: Any) -> int:
     from envbisect.agent.redact import redact_text
     from envbisect.errors import UsageError
     from envbisect.manifest import check_writable
+    from envbisect.reconstruct import parse_as_of
     from envbisect.runner import validate_options
 
     args = RunFlags(**flags)
+    when = parse_as_of(args.good_as_of) if args.good_as_of else None
+    if when is not None and args.good:
+        raise UsageError("--good and --good-as-of: give one good state")
     config = load_config(args.config_path)
     threshold = resolve_threshold(args.until_ktoks, args.until, config)
     good_path = Path(args.good) if args.good else config.good
-    if good_path is None:
-        raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
+    if good_path is None and when is None:
+        raise UsageError(
+            "no good state: give --good PATH or --good-as-of WHEN, or set good: in envbisect.yaml"
+        )
     transport, py = resolve_target(config, args.python, args.via, args.target_name)
     smoke = smoke_command(
         args.smoke_argv,
@@ -120,22 +135,34 @@ def command(**flags: Any) -> int:
     if args.print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
-    options = args.options(config, threshold, good_path, (transport, py), smoke)
+
+    # Progress is often tee'd to a file: it passes the same secret rules as the report.
+    def say(line: str) -> None:
+        click.echo(redact_text(line), err=True)
+
+    # With --good-as-of the good path is known once the state is rebuilt (below).
+    options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
     validate_options(options)
     # Outputs are checked before the first trial: a typo must not cost a whole run.
     for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
         if path and path != "-":
             check_writable(flag, Path(path))
-
-    # Progress is often tee'd to a file: it passes the same secret rules as the report.
-    def say(line: str) -> None:
-        click.echo(redact_text(line), err=True)
+    rec = None
+    if when is not None:
+        rec, rebuilt = (
+            _reconstructed_earlier(options.session_dir, say)
+            if args.resume
+            else _reconstruct_good(config, (transport, py), when, args.timeout_s, say)
+        )
+        options = replace(options, good=rebuilt.absolute())
 
     say(
         f"envbisect run: {threshold.describe()}; smoke: {smoke.describe()}; "
         f"session {options.session_dir}"
     )
     result = _run_bisect(options, say)
+    if rec is not None:
+        result = _with_reconstruction_notes(result, rec, say)
     click.echo(report.render_text(result), nl=False)
     _write_outputs(result, args.json_path, args.report_path)
     return result.exit_code
@@ -146,6 +173,7 @@ class RunFlags:
     """``envbisect run``'s command line as click parsed it: one field per parameter."""
 
     good: str | None
+    good_as_of: str | None
     bad: str | None
     until_ktoks: str | None
     until: str | None
@@ -215,6 +243,70 @@ class RunFlags:
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
         )
+
+
+def _reconstruct_good(
+    config: Config,
+    target: tuple[Transport, str],
+    when: datetime,
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> tuple[Reconstruction, Path]:
+    """The good state rebuilt for ``when``, written to ``manifests_dir``; what it cannot know
+    is said before the first trial."""
+    from envbisect.collect import write_snapshot
+    from envbisect.reconstruct import snapshot_as_of, summary
+
+    transport, py = target
+    rec = snapshot_as_of(config, transport, py, when, label="good", timeout_s=min(timeout_s, 300))
+    path = write_snapshot(rec.manifest, None, config)
+    assert path is not None
+    say(f"good state: {path}")
+    for line in summary(rec):
+        say(line)
+    return rec, path
+
+
+def _reconstructed_earlier(
+    session_dir: Path, say: Callable[[str], None]
+) -> tuple[Reconstruction, Path]:
+    """On --resume, the good state the session was started with: rebuilding it now could
+    read a history that moved on since."""
+    from envbisect.bisect.session import Session
+    from envbisect.errors import UsageError
+    from envbisect.manifest import load
+    from envbisect.reconstruct import Reconstruction
+
+    header = Session(session_dir).header() or {}
+    if not header.get("good"):
+        raise UsageError(f"{session_dir}: no session to resume (no good state recorded)")
+    path = Path(header["good"])
+    rec = Reconstruction.from_manifest(load(path))
+    say(f"good state: {path} (reconstructed when the session started)")
+    return rec, path
+
+
+def _with_reconstruction_notes(
+    result: RunResult, rec: Reconstruction, say: Callable[[str], None]
+) -> RunResult:
+    """Notes on a reconstructed good state: what it took as today's or cold, and, when the
+    good state was not fast, the doubtful facts as the likely reason."""
+    from envbisect.reconstruct import iso
+
+    doubtful = rec.doubtful()
+    notes = [
+        f"the good state was reconstructed as of {iso(rec.as_of)}: env vars taken as today's, "
+        f"compile caches cold; {len(doubtful)} fact(s) of low or unknown confidence"
+    ]
+    # Measured and not fast (a crash has its own reason, said by the run).
+    if result.outcome in ("not-reproduced", "unfaithful") and result.good_median is not None:
+        notes.append(
+            "the reconstructed good state was not good: its low-confidence facts are the likely "
+            "reason: " + "; ".join(f.describe() for f in doubtful)
+        )
+    for note in notes:
+        say(note)
+    return replace(result, notes=(*result.notes, *notes))
 
 
 def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:

@@ -45,6 +45,15 @@ from envbisect.commands.common import (
     default=None,
     help="Keep the collector's full stdout/stderr here.",
 )
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    metavar="WHEN",
+    help="Reconstruct the state as it most probably was at WHEN ('2026-11-20 09:00', local "
+    "time; or ISO 8601 with a zone) from what the machine still holds; every rebuilt fact "
+    "carries its evidence and confidence.",
+)
 @target_options
 @config_option
 def command(
@@ -57,6 +66,7 @@ def command(
     output: str | None,
     timeout_s: float,
     log_dir: Path | None,
+    as_of: str | None,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -70,7 +80,10 @@ def command(
     never imports torch. A summary goes to stderr; the manifest path to stdout.
     """
     from envbisect.collect import summary, take_snapshot, write_snapshot
+    from envbisect.reconstruct import parse_as_of, snapshot_as_of
+    from envbisect.reconstruct import summary as reconstructed_summary
 
+    when = parse_as_of(as_of) if as_of is not None else None  # a bad date costs nothing
     config = load_config(config_path).with_overrides(
         repos=repos, files=files, data=data, probes=probes, env=env
     )
@@ -78,11 +91,24 @@ def command(
     if print_command:
         click.echo(composed_command(transport, target_python))
         return 0
-    manifest = take_snapshot(
-        config, transport, target_python, label=label, log_dir=log_dir, timeout_s=timeout_s
-    )
+    if when is None:
+        manifest = take_snapshot(
+            config, transport, target_python, label=label, log_dir=log_dir, timeout_s=timeout_s
+        )
+        lines = summary(manifest)
+    else:
+        rec = snapshot_as_of(
+            config,
+            transport,
+            target_python,
+            when,
+            label=label,
+            log_dir=log_dir,
+            timeout_s=timeout_s,
+        )
+        manifest, lines = rec.manifest, reconstructed_summary(rec)
     path = write_snapshot(manifest, output, config)
-    for line in summary(manifest):
+    for line in lines:
         click.echo(line, err=True)
     if path is not None:
         click.echo(str(path))
