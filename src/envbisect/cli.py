@@ -52,12 +52,18 @@ for _command in (
     cli.add_command(_command)
 
 
+def printable(value: object) -> str:
+    from envbisect.escape import printable as escaped
+
+    return escaped(value)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, map EnvBisectError to one line and its exit code."""
     try:
         code = cli.main(args=argv, prog_name="envbisect", standalone_mode=False)
     except EnvBisectError as exc:
-        click.echo(f"envbisect: error: {exc}", err=True)
+        click.echo(f"envbisect: error: {printable(exc)}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("envbisect: interrupted", err=True)

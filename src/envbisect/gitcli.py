@@ -39,7 +39,9 @@ def run(
     timeout_s: float = TIMEOUT_S,
 ) -> GitResult:
     """``git [-C repo] args...``; never raises for git's own failures or a timeout."""
-    argv = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
+    from envbisect.agent.actuate_remote import NO_SIDE_EFFECTS
+
+    argv = ["git"] + (["-C", str(repo)] if repo is not None else []) + [*NO_SIDE_EFFECTS, *args]
     try:
         proc = subprocess.run(
             argv,

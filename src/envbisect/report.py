@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.bisect.session import Session
+from envbisect.escape import printable
 from envbisect.metric import Threshold, format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
 
@@ -350,7 +351,10 @@ def render_markdown(result: RunResult) -> str:
     for c in result.culprits:
         if c.details:
             fence = "diff" if c.unit.section == "files" else ""
-            lines += ["", f"### What `{c.unit.id}` changed", "", f"```{fence}", *c.details, "```"]
+            # Recorded data never ends a code block: a newline in it is escaped (escape.py).
+            details = [printable(d) for d in c.details]
+            lines += ["", f"### What `{printable(c.unit.id)}` changed", "", f"```{fence}", *details]
+            lines.append("```")
     lines += ["", "### Evidence", ""]
     culprits = {c.unit.id for c in result.culprits}
     lines += [explain_trial(r, culprits) for r in result.trials] or ["No trial was measured."]
@@ -360,8 +364,9 @@ def render_markdown(result: RunResult) -> str:
     lines += ["### Changes between the two states", "", diff_markdown(result.diff, embedded=True)]
     nxt = next_command(result)
     if nxt:
+        nxt = printable(nxt)
         lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
-    lines += ["### Reproduce", "", "```", reproduce_command(result), "```", ""]
+    lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
     return redact_text("\n".join(lines))
 
 

@@ -392,6 +392,7 @@ class RunOptions:
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
+    trust: tuple[Path, ...] = ()  # foreign manifests the user accepted (--trust)
 
     def search_settings(self, ordered: Mapping[str, Sequence[str]], workers: int) -> SearchSettings:
         """What the engine is asked: these options, the ordered units, ``workers`` at once."""
@@ -898,13 +899,16 @@ def load_states(
         config = Config.load(cwd=options.cwd)
     snap = take_snapshot(config, options.transport, options.python, label="bad")
     session_root.mkdir(parents=True, exist_ok=True)
-    mf.save(snap, saved)
+    from envbisect.trust import sign
+
+    mf.save(sign(snap), saved)
     return good, mf.load(saved), saved
 
 
 def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     """The whole of ``envbisect run``: endpoints, search, culprit; the machine left as it was."""
     from envbisect.diff import diff_manifests
+    from envbisect.guard import check_run
 
     session = _open_session(options)
     try:
@@ -915,6 +919,20 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         raise
     data_map = dict(getattr(options.config, "data_map", {}) or {})
     diff = diff_manifests(good, bad, data_map=data_map)
+    try:
+        for line in check_run(
+            options.config,
+            good,
+            bad,
+            diff,
+            trusted=options.trust,
+            local=not options.transport.layers,
+        ):
+            progress(f"note: {line}")
+    except EnvBisectError as exc:
+        session.append({"type": "end", "outcome": "refused", "message": str(exc)})
+        session.unlock()
+        raise
     actuator = _actuator(options, good, bad, diff, session, progress)
     atexit.register(_quietly, actuator.restore)
     tester: _TrialRunner | None = None

@@ -130,12 +130,25 @@ def _find_uv():
 _sha256 = journal.sha256_of
 
 
+# A repo's own hooks and fsmonitor never run from envbisect's git calls (a worktree add runs
+# post-checkout; any status may start an fsmonitor command).
+NO_SIDE_EFFECTS = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.untrackedCache=false",
+    "-c",
+    "protocol.allow=never",
+)
+UNSAFE_WORDS = ("dubious ownership", "safe.directory")
 GIT_TIMEOUT_S = 60  # a query (cat-file, rev-list, prune); a worktree add gets longer
 
 
 def _git(repo, *args, timeout=GIT_TIMEOUT_S):
     # A stdlib twin of envbisect.gitcli.run: envbisect is not installed on a target.
-    argv = ["git", "-C", repo] + list(args)
+    argv = ["git", "-C", repo] + list(NO_SIDE_EFFECTS) + list(args)
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -156,9 +169,12 @@ def op_inspect(params):
     out = {"sha256": {}, "commits": [], "revlists": [], "dirs": [], "exists": []}
     for path in params.get("sha256") or ():
         out["sha256"][path] = _sha256(path)
+    out["unsafe"] = {}
     for repo, sha in params.get("commits") or ():
         proc = _git(repo, "cat-file", "-e", f"{sha}^{{commit}}")
         out["commits"].append(proc.returncode == 0)
+        if proc.returncode != 0 and any(w in proc.stderr for w in UNSAFE_WORDS):
+            out["unsafe"][repo] = proc.stderr.strip().splitlines()[0] if proc.stderr else ""
     for repo, old, new in params.get("revlists") or ():
         proc = _git(repo, "rev-list", "--reverse", "--ancestry-path", f"{old}..{new}")
         out["revlists"].append(proc.stdout.split() if proc.returncode == 0 else None)

@@ -25,6 +25,7 @@ from envbisect.config import Config
 from envbisect.errors import CollectError, TransportError, UsageError
 from envbisect.manifest import Manifest, atomic_write_bytes, save
 from envbisect.transport import Transport
+from envbisect.trust import sign
 
 AGENT = "envbisect.collect.collector"
 DEFAULT_LABEL = "snapshot"
@@ -99,6 +100,20 @@ def take_snapshot(
         "elapsed_s": round(time.monotonic() - started, 3),
         "errors": errors,
     }
+    # What this snapshot was asked to record: a run may touch these paths of a manifest this
+    # user made (see envbisect.scope), besides what envbisect.yaml names.
+    meta["scope"] = {
+        "files": list(config.files),
+        "repos": [str(p) for p in config.repos],
+        "data": [str(p) for p in config.data],
+        "caches": sorted(
+            {
+                str(c["path"])
+                for c in (sections.get("caches") or {}).values()
+                if isinstance(c, dict) and isinstance(c.get("path"), str)
+            }
+        ),
+    }
     if blobs:
         # Where the contents went, so a manifest written anywhere (-o PATH) finds them.
         meta["blobs_dir"] = str(config.blobs_dir.absolute())
@@ -145,10 +160,11 @@ def default_output(manifest: Manifest, config: Config) -> Path:
 def write_snapshot(manifest: Manifest, out: str | None, config: Config) -> Path | None:
     """Write ``manifest``: ``-`` to stdout (returns None), else a path, atomically."""
     if out == "-":
-        sys.stdout.write(manifest.to_yaml())
+        sys.stdout.write(sign(manifest).to_yaml())
         sys.stdout.flush()
         return None
     path = Path(out) if out else default_output(manifest, config)
+    manifest = sign(manifest)
     if path.is_dir():
         raise UsageError(f"{path}: is a directory; give a file name for -o")
     try:

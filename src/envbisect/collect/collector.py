@@ -437,11 +437,26 @@ class _GitError(Exception):
     pass
 
 
+# The repo's own hooks and fsmonitor command never run from a snapshot (git status starts an
+# fsmonitor); the same flags as agent.actuate_remote.NO_SIDE_EFFECTS.
+GIT_NO_SIDE_EFFECTS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
+
 def _git_repo(c, repo, env):
     if not os.path.isdir(repo):
         raise _GitError("no such directory")
     rc, stdout, stderr = c.run(
-        ["git", "-C", repo, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all"],
+        [
+            "git",
+            "-C",
+            repo,
+            *GIT_NO_SIDE_EFFECTS,
+            "status",
+            "--porcelain=v2",
+            "--branch",
+            "-z",
+            "--untracked-files=all",
+        ],
         env=env,
     )
     if rc != 0:
@@ -463,7 +478,18 @@ def _git_repo(c, repo, env):
     diff_sha = None
     if dirty and head is not None:
         rc, diff, stderr = c.run(
-            ["git", "-C", repo, "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], env=env
+            [
+                "git",
+                "-C",
+                repo,
+                *GIT_NO_SIDE_EFFECTS,
+                "diff",
+                "HEAD",
+                "--binary",
+                "--no-ext-diff",
+                "--no-color",
+            ],
+            env=env,
         )
         if rc != 0:
             raise _GitError("git diff failed: " + stderr[-200:])
