@@ -51,7 +51,7 @@ from envbisect.bisect.search import (
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
-from envbisect.failure import Failure
+from envbisect.failure import Failure, FailureKind
 from envbisect.metric import (
     RESULT_ENV,
     SAMPLES_ENV,
@@ -721,7 +721,9 @@ class _TrialRunner:
             realized = dataclasses.replace(realized, env={**realized.env, **work.worker.env})
         work.notes = realized.notes
         if realized.failure is not None:
-            work.failure = Failure.of(realized.failure)
+            failure = work.failure = Failure.of(realized.failure)
+            # A state that cannot be built says nothing about speed: unresolved, never bad.
+            work.untestable = failure.kind is FailureKind.BUILD
         else:
             check = work.check = self._check(realized, work)
             if check.error is not None:

@@ -475,9 +475,10 @@ def _journal_new_swap(journal, backups, target, content, put):
         entry.update(_back_up(backups, target, entry_id, content))
     elif os.path.lexists(target):
         raise JournalError(f"{target}: is not a regular file; refusing to swap it")
-    if content is None and entry.get("nlink", 1) > 1:
-        # Removing one name of a hard-linked file: a hidden name keeps the inode, so the
-        # restore links it back instead of writing a copy.
+    if entry.get("existed") and not entry.get("inplace") and "symlink" not in entry:
+        # A hidden name beside the file keeps the original inode: the restore renames it
+        # back, which needs no free space (a full disk never leaves the file swapped), and
+        # keeps its mode, times and other hard links.
         entry["held"] = os.path.join(
             os.path.dirname(target),
             f".{os.path.basename(target)}.envbisect-held-{entry_id}",
@@ -540,44 +541,65 @@ def restore(journal, backups):
     """
     done = []
     for entry in reversed(_entries(journal)):
-        target = str(entry["path"])
-        now = _state(target)
-        put = entry.get("put")
-        if entry.get("existed"):
-            was = "link:" + entry["symlink"] if "symlink" in entry else entry.get("sha256")
-        else:
-            was = None
-        ours = now == put or not entry.get("_written", True)
-        original = None
-        if now == was:
-            outcome = "unchanged"
-        elif ours:
-            outcome = "restored"
-            held = entry.get("held")
-            if now is None and held and sha256_of(held) == was:
-                os.link(held, target)  # the same inode again: every other link still fits
-            else:
-                inplace = bool(entry.get("inplace")) and now is not None
-                _put_back(entry, target, backups, inplace=inplace)
-        else:
-            outcome = "kept"
-            if entry.get("existed"):
-                original = _beside(target)
-                _put_back(entry, original, backups, inplace=False)
-        if entry.get("held") and os.path.lexists(entry["held"]):
-            os.unlink(entry["held"])
-        tmp = os.path.join(
-            os.path.dirname(target), "." + os.path.basename(target) + ".envbisect-tmp"
-        )
-        if os.path.lexists(tmp):
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        line = {"op": "restored", "id": entry["id"], "path": target, "outcome": outcome}
-        if original:
-            line["original"] = original
-        append_line(journal, line)
-        done.append({"path": target, "outcome": outcome, "original": original})
+        try:
+            done.append(_restore_one(journal, backups, entry))
+        except OSError as exc:
+            finished = {d["path"] for d in done}
+            left = [str(e["path"]) for e in _entries(journal) if e["path"] not in finished]
+            raise JournalError(
+                "cannot restore {}: {}; still swapped: {}".format(
+                    entry["path"], exc.strerror or exc, ", ".join(left)
+                )
+            ) from None
     return done
+
+
+def _restore_one(journal, backups, entry):
+    """Restore one open swap (see :func:`restore`); its outcome record."""
+    target = str(entry["path"])
+    now = _state(target)
+    put = entry.get("put")
+    if entry.get("existed"):
+        was = "link:" + entry["symlink"] if "symlink" in entry else entry.get("sha256")
+    else:
+        was = None
+    ours = now == put or not entry.get("_written", True)
+    original = None
+    if now == was:
+        outcome = "unchanged"
+    elif ours:
+        outcome = "restored"
+        inplace = bool(entry.get("inplace")) and now is not None
+        _original_to(entry, target, backups, was, inplace)
+    else:
+        outcome = "kept"
+        if entry.get("existed"):
+            original = _beside(target)
+            _original_to(entry, original, backups, was, False)
+    if entry.get("held") and os.path.lexists(entry["held"]):
+        os.unlink(entry["held"])
+    tmp = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + ".envbisect-tmp")
+    if os.path.lexists(tmp):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    line = {"op": "restored", "id": entry["id"], "path": target, "outcome": outcome}
+    if original:
+        line["original"] = original
+    # The file is back; a journal line that cannot be written (a full disk) only means a
+    # later restore finds it unchanged.
+    with contextlib.suppress(OSError):
+        append_line(journal, line)
+    return {"path": target, "outcome": outcome, "original": original}
+
+
+def _original_to(entry, dest, backups, was, inplace):
+    """Put the original at ``dest``: the held inode renamed back (no space needed, same
+    mode and times), else written from the backup."""
+    held = entry.get("held")
+    if held and sha256_of(held) == was:
+        os.replace(held, dest)
+    else:
+        _put_back(entry, dest, backups, inplace=inplace)
 
 
 def _put_back(entry, dest, backups, inplace):

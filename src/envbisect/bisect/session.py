@@ -184,6 +184,11 @@ class FileJournal:
             )
         except journal.JournalError as exc:
             raise SessionError(str(exc)) from None
+        except OSError as exc:  # a full disk: the file itself is written by rename or not at all
+            raise SessionError(
+                f"{key}: cannot swap it: {exc.strerror or exc}; if it is not as it was, put it "
+                f"back with 'envbisect reset --session {self.session}'"
+            ) from None
 
     def restore(self) -> list[Path]:
         """Put every open swap back; returns the paths that hold their original again.
@@ -193,7 +198,9 @@ class FileJournal:
         try:
             outcomes = journal.restore(str(self.path), str(self.backups))
         except journal.JournalError as exc:
-            raise SessionError(f"{self.path}: {exc}") from None
+            raise SessionError(
+                f"{self.path}: {exc}; put it back with 'envbisect reset --session {self.session}'"
+            ) from None
         self._open.clear()
         done: list[Path] = []
         for item in outcomes:
