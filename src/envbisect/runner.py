@@ -723,7 +723,7 @@ class _TrialRunner:
         if realized.failure is not None:
             failure = work.failure = Failure.of(realized.failure)
             # A state that cannot be built says nothing about speed: unresolved, never bad.
-            work.untestable = failure.kind is FailureKind.BUILD
+            work.untestable = failure is not None and failure.kind is FailureKind.BUILD
         else:
             check = work.check = self._check(realized, work)
             if check.error is not None:
