@@ -74,4 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("envbisect: interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:
+        # The machine said no (a read-only or full directory, a permission): one line that
+        # names the path, like every other error a user can fix.
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"envbisect: error: {printable(where)}{exc.strerror or exc}", err=True)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

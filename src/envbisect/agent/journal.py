@@ -74,14 +74,24 @@ def append_line(path, obj):
 
 
 def read_lines(path):
-    """Every JSON-object line of ``path``; a torn line (kill mid-write) is skipped."""
+    """Every JSON-object line of ``path``; a torn line (kill mid-write) is skipped.
+
+    A line that is not UTF-8 was not written by envbisect: JournalError naming the line
+    (skipping it could forget a swap that still has to be put back)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
-    for line in text.splitlines():
+    for number, blob in enumerate(raw.splitlines(), 1):
+        try:
+            line = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JournalError(
+                f"{path}: line {number} is not UTF-8 text (byte 0x{blob[exc.start]:02x}); "
+                "it was not written by envbisect: fix or remove that line"
+            ) from None
         if not line.strip():
             continue
         try:

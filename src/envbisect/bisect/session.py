@@ -40,7 +40,14 @@ LOCK_NAME = "lock"
 
 
 _append_line = journal.append_line
-_read_lines = journal.read_lines
+
+
+def _read_lines(path: Path | str) -> list[dict[str, Any]]:
+    """``journal.read_lines``, its JournalError (a line that is not UTF-8) a SessionError."""
+    try:
+        return list(journal.read_lines(str(path)))
+    except journal.JournalError as exc:
+        raise SessionError(str(exc)) from None
 
 
 def state_key(applied: Iterable[str], positions: Iterable[tuple[str, int]] = ()) -> str:
@@ -158,7 +165,10 @@ class FileJournal:
 
     def open_swaps(self) -> list[dict[str, Any]]:
         """Swap entries with no ``restored`` entry yet, in order."""
-        return list(journal.open_swaps(str(self.path)))
+        try:
+            return list(journal.open_swaps(str(self.path)))
+        except journal.JournalError as exc:
+            raise SessionError(str(exc)) from None
 
     def claim(self, target: Path) -> None:
         """Lock ``target`` for this session until :meth:`release` (SessionError naming the
