@@ -69,3 +69,36 @@ def test_an_error_naming_a_hostile_key_is_one_escaped_line(
     err = capsys.readouterr().err
     assert info.value.code == 2
     assert err.count("\n") == 1 and "\x1b" not in err
+
+
+def test_non_utf8_paths_and_env_values_are_recorded_escaped_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    d = tmp_path / "d"
+    d.mkdir()
+    name = os.fsdecode(b"n\xffame.cfg")
+    (d / name).write_text("x\n")
+    (tmp_path / "envbisect.yaml").write_text(f"env: [EB_X]\nfiles: ['{d}/*']\n")
+    env = {**os.environ, "EB_X": os.fsdecode(b"a\xffb")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "snapshot", "-o", str(tmp_path / "m.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    doc = yaml.safe_load((tmp_path / "m.yaml").read_text(encoding="utf-8"))
+    assert doc["env"]["EB_X"] == "a\\xffb"
+    assert f"{d}/n\\xffame.cfg" in doc["files"]
+    errors = [e["error"] for e in doc["meta"]["errors"]]
+    assert "env.EB_X: not UTF-8; recorded with \\xNN escapes" in errors
+    assert f"files.{d}/n\\xffame.cfg: not UTF-8; recorded with \\xNN escapes" in errors

@@ -53,3 +53,39 @@ def terminal(text: str, *, keep_colors: bool = False) -> str:
         last = m.end()
     parts.append(_UNSAFE_TEXT.sub(_one, text[last:]))
     return "".join(parts)
+
+
+_SURROGATE = re.compile("[\udc80-\udcff]")
+
+
+def has_raw_bytes(text: str) -> bool:
+    """True when ``text`` carries bytes that were not UTF-8 (surrogateescape)."""
+    return _SURROGATE.search(text) is not None
+
+
+def bytes_escaped(text: str) -> str:
+    """``text`` with each byte that was not UTF-8 written ``\\xNN`` (the text YAML can hold).
+    Every byte is kept; a name that also holds a literal ``\\x`` reads back ambiguously."""
+    return _SURROGATE.sub(lambda m: f"\\x{ord(m.group(0)) - 0xDC00:02x}", text)
+
+
+def escape_raw_bytes(tree: object, where: str, found: list[str]) -> object:
+    """``tree`` (JSON-like) with every string's non-UTF-8 bytes escaped; appends to ``found``
+    the dotted place of each string that had some."""
+    if isinstance(tree, str):
+        if has_raw_bytes(tree):
+            found.append(where)
+            return bytes_escaped(tree)
+        return tree
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            new_key = key
+            if isinstance(key, str) and has_raw_bytes(key):
+                new_key = bytes_escaped(key)
+                found.append(f"{where}.{printable(new_key)}")
+            out[new_key] = escape_raw_bytes(value, f"{where}.{printable(new_key)}", found)
+        return out
+    if isinstance(tree, list):
+        return [escape_raw_bytes(v, f"{where}[{i}]", found) for i, v in enumerate(tree)]
+    return tree

@@ -83,6 +83,7 @@ def take_snapshot(
     if not isinstance(sections, dict):
         raise CollectError(f"collector in {python} returned no sections")
     errors: list[dict[str, str]] = list(result.get("errors") or [])
+    sections = _escape_raw_bytes(sections, errors)
     blobs = result.get("blobs") or {}
     if blobs:
         errors.extend(store_blobs(blobs, config.blobs_dir))
@@ -118,6 +119,22 @@ def take_snapshot(
         # Where the contents went, so a manifest written anywhere (-o PATH) finds them.
         meta["blobs_dir"] = str(config.blobs_dir.absolute())
     return Manifest(sections={"meta": dict(sorted(meta.items())), **sections})
+
+
+def _escape_raw_bytes(sections: dict[str, Any], errors: list[dict[str, str]]) -> dict[str, Any]:
+    """Sections whose paths and values that are not UTF-8 (a file name, an env value) are
+    recorded with ``\\xNN`` escapes, each said in ``meta.errors``: YAML holds text only."""
+    from envbisect.escape import escape_raw_bytes
+
+    out: dict[str, Any] = {}
+    for name, value in sections.items():
+        found: list[str] = []
+        out[name] = escape_raw_bytes(value, name, found)
+        errors.extend(
+            {"section": name, "error": f"{where}: not UTF-8; recorded with \\xNN escapes"}
+            for where in found
+        )
+    return out
 
 
 def store_blobs(blobs: dict[str, str], blobs_dir: Path) -> list[dict[str, str]]:
