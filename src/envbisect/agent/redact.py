@@ -157,6 +157,12 @@ _SHAPES = (
     # scheme://userinfo@ -- any userinfo (user:pass or a bare token) is a credential.
     ("credentials in a URL", r"://(?P<v>[^/@\s?#\"'<>\\]+@)", "", ("://", "@")),
 )
+# ``name: value`` (YAML, config files, headers) is a secret only after these names: a
+# variable named in prose ("HF_TOKEN: the good value ...") is not followed by its value.
+_COLON_NAMES = re.compile(
+    r"(?i)(?:password|passwd|pass|pwd|passphrase|secret|client[_-]?secret|token"
+    r"|auth[_-]?token|access[_-]?token|api[_-]?key|apikey|access[_-]?key|private[_-]?key)\Z"
+)
 _SHAPE_RES = tuple(
     (why, re.compile(pattern, re.DOTALL), needles) for why, pattern, _r, needles in _SHAPES
 )
@@ -196,7 +202,7 @@ def _shape_spans(text: str) -> list[tuple[int, int, str]]:
         group = "v" if "v" in regex.groupindex else 0
         for m in regex.finditer(text):
             # ``name: value`` counts only where the name is a secret's (password: x).
-            if "n" in regex.groupindex and not is_secret_name(m.group("n")):
+            if "n" in regex.groupindex and not _COLON_NAMES.match(m.group("n")):
                 continue
             spans.append((m.start(group), m.end(group), why))
     return spans
