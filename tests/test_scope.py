@@ -300,3 +300,17 @@ def test_the_recorded_scope_of_a_foreign_manifest_counts_for_nothing(tmp_path: P
 
     sc = run_scope(CONFIG, [Manifest(sections=yaml.safe_load(g.read_text()))])
     assert not sc.allows("files", "/etc/passwd")
+
+
+def test_snapshot_of_dev_zero_under_files_ends(tmp_path: Path) -> None:
+    (tmp_path / "envbisect.yaml").write_text("files: [/dev/zero]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "snapshot", "-o", str(tmp_path / "m.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "error [files]: /dev/zero: not a regular file" in proc.stderr

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import glob
 import hashlib
 import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -113,7 +115,12 @@ def _normalise(name):
 def _file_sha256(path):
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    # Only a regular file is hashed: /dev/zero or a FIFO under files: would never end.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    with os.fdopen(fd, "rb") as fh:
         while True:
             chunk = fh.read(1 << 20)
             if not chunk:
