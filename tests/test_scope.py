@@ -283,6 +283,57 @@ def test_random_manifests_never_plan_a_path_outside_the_config(
             continue
         assert allowed.allows(t.section, t.path) or _default_cache(t.path), t
         assert os.path.normpath(t.path) == t.path and t.path.startswith("/")
+    # And the plan the realizers make of the all-bad and the all-good state says the same.
+    for side in (g, b):
+        plan = _plan(g, b, side, diff)
+        for swap in plan.swaps:
+            inside_worktree = swap.path.startswith("/sandbox/")
+            assert inside_worktree or allowed.allows("files", swap.path), swap
+        for cache in plan.caches:
+            assert cache.dest.startswith("/sandbox/"), cache
+            assert (
+                cache.src is None
+                or allowed.allows("caches", cache.src)
+                or _default_cache(cache.src)
+            ), cache
+        for repo, _head, path in plan.worktrees:
+            assert allowed.allows("git", repo) and path.startswith("/sandbox/"), repo
+        for old, new in plan.path_map:
+            assert new.startswith("/sandbox/") or new in CONFIG.data_map.values(), (old, new)
+
+
+def _plan(g: Manifest, b: Manifest, side: Manifest, diff: Any) -> Any:
+    """The realizers' plan of the state where every realized change has ``side``'s value
+    (no I/O: facts answered as if every commit, dir and path were there)."""
+    from envbisect.realize import Context, Facts, Sandbox, make_plan
+
+    facts = Facts(sha256={}, commits={}, revlists={}, dirs={}, exists={})
+    ctx = Context(
+        good=g,
+        bad=b,
+        python="/usr/bin/python3",
+        facts=lambda: facts,
+        target=lambda: None,  # type: ignore[arg-type,return-value]
+        blob=lambda _m, _e: None,
+        blob_places=lambda _m: "",
+        env_holds=lambda _k, _v: False,
+        uv_missing=lambda: False,
+        data_map=CONFIG.data_map,
+    )
+    sandbox = Sandbox(
+        root="/sandbox/session",
+        trial="/sandbox/session/trials/001",
+        origin=Path("/sandbox/cwd"),
+        cwd=None,
+        path="/usr/bin",
+        in_venv=False,
+    )
+    values = {
+        (c.section, c.key): (side, side.section(c.section).get(c.key))
+        for c in realized_changes(diff)
+        if c.section != "packages"
+    }
+    return make_plan(ctx, sandbox, values, {})
 
 
 def _default_cache(path: str) -> bool:
