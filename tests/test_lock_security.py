@@ -125,3 +125,16 @@ def test_a_symlink_is_not_swapped(tmp_path: Path) -> None:
         s.journal.swap(link, b"evil\n")
     s.unlock()
     assert victim.read_text() == "PRIVATE\n"
+
+
+def test_a_private_files_backup_stays_private(tmp_path: Path) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_text("PRIVATE\n")
+    key.chmod(0o600)
+    s = Session.start(tmp_path / "s", {})
+    s.journal.swap(key, b"other\n")
+    backups = list((tmp_path / "s").rglob("backups/*"))
+    assert backups and all(stat.S_IMODE(b.stat().st_mode) == 0o600 for b in backups)
+    s.journal.restore()
+    s.unlock()
+    assert key.read_text() == "PRIVATE\n" and stat.S_IMODE(key.stat().st_mode) == 0o600
