@@ -162,7 +162,8 @@ def test_git_worktree_files_and_env(tmp_path: Path) -> None:
     status_before = git(repo, "status", "--porcelain")
     act = _actuator(tmp_path, good, bad, "python3", base_env={"PATH": "/usr/bin:/bin"}, cwd=repo)
     assert act.blockers() == {}
-    assert act.ordered() == {f"git:{repo}": [c2, c3]}
+    # knob.txt: no commit touched it, so its one version is the uncommitted edit.
+    assert act.ordered() == {f"git:{repo}": [c2, c3], f"files:{repo / 'knob.txt'}": ["uncommitted"]}
     trial = tmp_path / "t1"
     with act.realize(frozenset({"env:EB_SLOW"}), {}, trial) as state:
         assert state.failure is None

@@ -52,6 +52,7 @@ from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
 from envbisect.failure import Failure, FailureKind
+from envbisect.history import HunkCulprit
 from envbisect.metric import (
     RESULT_ENV,
     SAMPLES_ENV,
@@ -504,6 +505,7 @@ class Culprit:
     details: tuple[str, ...] = ()  # what it changed: content diff, commits, versions
     good_trial: int | None = None  # the trial numbers of the evidence
     bad_trial: int | None = None
+    hunk: HunkCulprit | None = None  # a file in a repo: its first bad version and hunk
 
     def changes(self) -> list[dict[str, Any]]:
         from envbisect.render import show_value
@@ -947,6 +949,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         if not units:
             return _nothing_to_bisect(context, actuator)
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
+        hunk, hunk_rows = _hunk_step(result, context, tester)
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
         _abandon(
@@ -963,7 +966,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         _quietly(actuator.restore)  # first: it reports files kept as the user edited them
         session.journal.restore()
         atexit.unregister(_quietly)
-    out = _result(result, context, tester.index_of)
+    out = _with_hunk(_result(result, context, tester.index_of), hunk, hunk_rows)
     if actuator.kept:  # files the user edited while the run went on: said again at the end
         out = replace(out, notes=(*out.notes, *actuator.kept))
     session.append(
@@ -1059,6 +1062,61 @@ def _search(
     if result.interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def _hunk_step(
+    result: SearchResult, context: _RunContext, tester: _TrialRunner
+) -> tuple[HunkCulprit | None, tuple[TrialRow, ...]]:
+    """A guilty file inside a repo, narrowed to its first bad version: which hunk of it
+    (``bisect.hunkrun``); its trials as rows, their verdicts logged as the engine's are."""
+    from envbisect.bisect.hunkrun import HunkSettings, find_hunk
+
+    o = context.options
+    if o.max_trials is not None and len(tester.index_of) >= o.max_trials:
+        return None, ()
+    bad_end = result.trials[1] if len(result.trials) > 1 else None
+    settings = HunkSettings(
+        repeats=o.repeats,
+        max_samples=o.max_samples,
+        budget=None if o.max_trials is None else o.max_trials - len(tester.index_of),
+        crash_is_bad=o.on_crash == "bad" and bad_end is not None and bool(bad_end.failure),
+    )
+
+    def number(state: State) -> int:
+        return tester.index_of.get(state_key(state.applied, state.positions), 0)
+
+    hunk, trials = find_hunk(result, tester.actuator, tester, settings, tester.progress, number)
+    rows = []
+    for t in trials:
+        n = number(t.state)
+        rows.append(
+            TrialRow(
+                index=n,
+                applied=_applied_names(t.state.applied, t.state.positions),
+                samples=t.samples,
+                median=median(t.samples) if t.samples else None,
+                verdict=t.verdict.value,
+                failure=t.failure,
+                purpose=t.purpose,
+            )
+        )
+        context.session.append(
+            {"type": "verdict", "index": n, "verdict": t.verdict.value, "median": rows[-1].median}
+        )
+    return hunk, tuple(rows)
+
+
+def _with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ...]) -> RunResult:
+    """The run's result with the hunk search's trials and the hunk on its culprit."""
+    if not rows and hunk is None:
+        return out
+    culprits = tuple(
+        replace(c, hunk=hunk, commit=hunk.version.item if hunk.version.committed else None)
+        if hunk is not None and c.unit.id == hunk.unit
+        else c
+        for c in out.culprits
+    )
+    return replace(out, culprits=culprits, trials=out.trials + rows)
 
 
 def _both(first: Callable[[Event], None], then: Callable[[Event], None]) -> Callable[[Event], None]:
