@@ -261,6 +261,9 @@ class Scenario:
                 {
                     "good": str(self.good),
                     "repos": [str(self.repo)],
+                    # What the run may touch: the loose file and the cache (envbisect.scope).
+                    "files": [str(self.loose)],
+                    "caches": {"inductor": str(self.inductor)},
                     "index_url": self.index.as_uri(),
                     "find_links": [str(self.wheels)],
                 }

@@ -32,6 +32,7 @@ from envbisect.config import Config
 from envbisect.errors import CollectError, UsageError
 from envbisect.manifest import Manifest, load
 from envbisect.transport import Transport
+from envbisect.trust import is_own
 
 PY = sys.executable
 
@@ -487,7 +488,11 @@ def test_written_manifest_loads_back_equal(tmp_path: Path) -> None:
     path = write_snapshot(m, None, config)
     assert path is not None and path.parent == tmp_path / "manifests"
     assert path.name.startswith("good-") and path.suffix == ".yaml"
-    assert load(path).as_dict() == m.as_dict()
+    loaded = load(path)
+    # Written signed: the manifest is this user's own (envbisect.trust), and otherwise equal.
+    assert is_own(loaded) and not is_own(m)
+    meta = {k: v for k, v in loaded.section("meta").items() if k != "signature"}
+    assert {**loaded.as_dict(), "meta": meta} == m.as_dict()
     assert yaml.safe_load(path.read_text())["schema"] == "envbisect/manifest@1"
     second = write_snapshot(m, None, config)
     assert second != path  # same second, same label: never overwritten

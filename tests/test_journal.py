@@ -275,7 +275,8 @@ class _World:
         self.flags.mkdir()
         self.smoke = tmp / "smoke.py"
         self.smoke.write_text(_SMOKE)
-        (tmp / "envbisect.yaml").write_text("{}\n")  # no config of a parent dir is found
+        # No config of a parent dir is found; the one here names the file a run may swap.
+        (tmp / "envbisect.yaml").write_text(f"files: [{str(self.cfg)!r}]\n")
 
     def spawn(self, session: str, *extra: str) -> subprocess.Popen[str]:
         argv = [

@@ -401,3 +401,72 @@ def test_no_planted_secret_reaches_any_file_the_commands_write(
             data = path.read_bytes()
             for secret in secrets:
                 assert secret.encode() not in data, (path, secret)
+
+
+# ---- issue 24: more token formats; masked keeps at most 4 characters of a secret ----------
+
+_SHAPED = {
+    "npm": "npm_" + "aB3dE5gH7jK9mN1pQ3sT5vW7yZ9bC1dE3fG",
+    "pypi": "pypi-AgEIcHlwaS5vcmcCJGE0ZjI4YjQ4LTk0ZTAtNDk2Ny1hZDc3LTM2YzY2YzVk",
+    "databricks": "dapi" + "0123456789abcdef" * 2,
+    "stripe": "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc",
+    "sendgrid": "SG." + "abcdefghijklmnopqrstuv" + "." + "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345",
+    "google-oauth": "ya29." + "a0AfH6SMBx3j2kLmNoPqRsTuVwXyZ",
+    "hf-org": "api_org_" + "abcdefghijklmnopqrstuvwxyzABCD",
+    "docker": "dckr_pat_" + "abcdefghijklmnopqrstuvwx",
+}
+_EMBEDDED = {
+    "sas": (
+        "https://a.blob.core.windows.net/c/b?sv=2022-11-02&sig=",
+        "kXp9%2BqZ7mW3rT5vY8bN1cD4fG6hJ%3D",
+        "&se=2026",
+    ),
+    "azure": (
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=",
+        "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MA==",
+        ";EndpointSuffix=core.windows.net",
+    ),
+    "basic": ("Basic ", "dXNlcjpodW50ZXIyLXZlcnktc2VjcmV0", ""),
+    "yaml-password": ("password: ", "hunter2-correct-horse", ""),
+}
+
+
+def _longest_common(a: str, b: str) -> int:
+    best = 0
+    for i in range(len(a)):
+        for j in range(i + best + 1, len(a) + 1):
+            if a[i:j] in b:
+                best = j - i
+            else:
+                break
+    return best
+
+
+@pytest.mark.parametrize("name", sorted(_SHAPED))
+def test_more_token_formats_are_redacted_by_shape(name: str) -> None:
+    secret = _SHAPED[name]
+    entry = redact_env("OMP_HARMLESS_NAME", secret)
+    assert is_redacted(entry), name
+    assert secret not in redact_text(f"token in prose {secret} here")
+
+
+@pytest.mark.parametrize("name", sorted(_EMBEDDED))
+def test_masked_keeps_at_most_four_characters_of_a_secret(name: str) -> None:
+    before, secret, after = _EMBEDDED[name]
+    entry = redact_env("OMP_HARMLESS_NAME", before + secret + after)
+    assert is_redacted(entry), name
+    assert isinstance(entry, dict)
+    shown = str(entry.get("masked", ""))
+    assert _longest_common(secret, shown) <= 4, shown
+
+
+def test_trial_output_files_are_private(tmp_path: Path) -> None:
+    from envbisect.transport import Transport
+
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "run.stdout").write_text("old\n")
+    os.chmod(tmp_path / "log" / "run.stdout", 0o644)
+    Transport().run([sys.executable, "-c", "print('tok 1')"], log_dir=tmp_path / "log")
+    for suffix in ("stdout", "stderr"):
+        mode = (tmp_path / "log" / f"run.{suffix}").stat().st_mode & 0o777
+        assert mode == 0o600, (suffix, oct(mode))

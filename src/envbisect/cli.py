@@ -53,12 +53,18 @@ for _command in (
     cli.add_command(_command)
 
 
+def printable(value: object) -> str:
+    from envbisect.escape import printable as escaped
+
+    return escaped(value)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, map EnvBisectError to one line and its exit code."""
     try:
         code = cli.main(args=argv, prog_name="envbisect", standalone_mode=False)
     except EnvBisectError as exc:
-        click.echo(f"envbisect: error: {exc}", err=True)
+        click.echo(f"envbisect: error: {printable(exc)}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("envbisect: interrupted", err=True)
@@ -69,4 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("envbisect: interrupted", err=True)
         sys.exit(130)
+    except OSError as exc:
+        # The machine said no (a read-only or full directory, a permission): one line that
+        # names the path, like every other error a user can fix.
+        where = f"{exc.filename}: " if exc.filename else ""
+        click.echo(f"envbisect: error: {printable(where)}{exc.strerror or exc}", err=True)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)

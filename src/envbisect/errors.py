@@ -24,6 +24,14 @@ class ManifestError(EnvBisectError):
     """A manifest file is malformed, of another schema, or has a field of the wrong type."""
 
 
+class ScopeError(EnvBisectError):
+    """A manifest names a path outside what the user's envbisect.yaml lets a run touch."""
+
+
+class TrustError(EnvBisectError):
+    """A manifest from someone else holds entries that can run code; --trust not given."""
+
+
 class CollectError(EnvBisectError):
     """The collector agent could not produce a manifest at all."""
 

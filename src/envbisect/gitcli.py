@@ -39,7 +39,9 @@ def run(
     timeout_s: float = TIMEOUT_S,
 ) -> GitResult:
     """``git [-C repo] args...``; never raises for git's own failures or a timeout."""
-    argv = ["git"] + (["-C", str(repo)] if repo is not None else []) + list(args)
+    from envbisect.agent.actuate_remote import NO_SIDE_EFFECTS
+
+    argv = ["git"] + (["-C", str(repo)] if repo is not None else []) + [*NO_SIDE_EFFECTS, *args]
     try:
         proc = subprocess.run(
             argv,
@@ -101,9 +103,11 @@ def show_file(
 ) -> bytes | None:
     """The content of ``path`` at ``commit`` (bytes as stored), or None when it is absent
     there or git fails."""
+    from envbisect.agent.actuate_remote import NO_SIDE_EFFECTS
+
     try:
         proc = subprocess.run(
-            ["git", "-C", str(repo), "show", f"{commit}:{path}"],
+            ["git", "-C", str(repo), *NO_SIDE_EFFECTS, "show", f"{commit}:{path}"],
             capture_output=True,
             timeout=timeout_s,
             check=False,

@@ -65,6 +65,7 @@ class Facts:
     revlists: Mapping[tuple[str, ...], list[str] | None]
     dirs: Mapping[str, bool]
     exists: Mapping[str, bool]
+    unsafe: Mapping[str, str] = field(default_factory=dict)  # repo → git's safe.directory line
 
     @classmethod
     def from_answer(cls, params: Mapping[str, Any], out: Mapping[str, Any]) -> Facts:
@@ -79,6 +80,7 @@ class Facts:
             revlists={tuple(r): v for r, v in pairs("revlists")},
             dirs={d: bool(ok) for d, ok in pairs("dirs")},
             exists={p: bool(ok) for p, ok in pairs("exists")},
+            unsafe=dict(out.get("unsafe") or {}),
         )
 
 

@@ -19,6 +19,7 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.diff import Change, ChangeKind, DiffResult, Unit
+from envbisect.escape import printable
 
 FORMATS: tuple[str, ...] = ("table", "markdown", "json", "yaml")
 
@@ -67,7 +68,7 @@ def show_value(value: Any) -> str:
         return "-"
     if isinstance(value, dict) and "redacted" in value:
         return "<redacted>"
-    text = str(value)
+    text = printable(value)
     if _HEX.match(text):
         return text[:12]
     return text
@@ -80,7 +81,8 @@ def change_text(change: Change) -> str:
 
 def change_label(change: Change) -> str:
     """The row label: the key, with ``torch`` in front of the torch section's build facts."""
-    return f"torch {change.key}" if change.section == "torch" else change.key
+    key = printable(change.key)
+    return f"torch {key}" if change.section == "torch" else key
 
 
 def _groups(result: DiffResult) -> list[tuple[str, list[Unit]]]:
@@ -236,7 +238,7 @@ def render_markdown(result: DiffResult, *, embedded: bool = False) -> str:
         # A unit of several changes names the fact its first values belong to.
         prefix = f"{change_label(head)} " if more else ""
         cells = [
-            f"`{unit.id}`",
+            f"`{printable(unit.id)}`",
             prefix + show_value(head.old),
             prefix + show_value(head.new),
             change,

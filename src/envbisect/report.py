@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.bisect.session import Session
+from envbisect.escape import printable
 from envbisect.history import UNCOMMITTED, HunkCulprit
 from envbisect.metric import Threshold, format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
@@ -426,7 +427,10 @@ def render_markdown(result: RunResult) -> str:
             lines += [f"- {line}" for line in c.why]
         if c.details:
             fence = "diff" if c.unit.section == "files" else ""
-            lines += ["", f"### What `{c.unit.id}` changed", "", f"```{fence}", *c.details, "```"]
+            # Recorded data never ends a code block: a newline in it is escaped (escape.py).
+            details = [printable(d) for d in c.details]
+            lines += ["", f"### What `{printable(c.unit.id)}` changed", "", f"```{fence}", *details]
+            lines.append("```")
         if c.hunk is not None:
             lines += hunk_section(c.hunk)
     lines += ["", "### Evidence", ""]
@@ -438,8 +442,9 @@ def render_markdown(result: RunResult) -> str:
     lines += ["### Changes between the two states", "", diff_markdown(result.diff, embedded=True)]
     nxt = next_command(result)
     if nxt:
+        nxt = printable(nxt)
         lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
-    lines += ["### Reproduce", "", "```", reproduce_command(result), "```", ""]
+    lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
     return redact_text("\n".join(lines))
 
 

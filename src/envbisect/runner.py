@@ -431,6 +431,7 @@ class RunOptions:
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
+    trust: tuple[Path, ...] = ()  # foreign manifests the user accepted (--trust)
 
     def search_settings(self, ordered: Mapping[str, Sequence[str]], workers: int) -> SearchSettings:
         """What the engine is asked: these options, the ordered units, ``workers`` at once."""
@@ -797,7 +798,9 @@ class _TrialRunner:
             realized = dataclasses.replace(realized, env={**realized.env, **work.worker.env})
         work.notes = realized.notes
         if realized.failure is not None:
-            work.failure = Failure.of(realized.failure)
+            failure = work.failure = Failure.of(realized.failure)
+            # A state that cannot be built says nothing about speed: unresolved, never bad.
+            work.untestable = failure is not None and failure.kind is FailureKind.BUILD
         else:
             check = work.check = self._check(realized, work)
             if check.error is not None:
@@ -1062,7 +1065,9 @@ def load_states(
         config = Config.load(cwd=options.cwd)
     snap = take_snapshot(config, options.transport, options.python, label="bad")
     session_root.mkdir(parents=True, exist_ok=True)
-    mf.save(snap, saved)
+    from envbisect.trust import sign
+
+    mf.save(sign(snap), saved)
     return good, mf.load(saved), saved
 
 
@@ -1079,6 +1084,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         raise
     data_map = dict(getattr(options.config, "data_map", {}) or {})
     diff = diff_manifests(good, bad, data_map=data_map)
+    _guard(options, session, good, bad, diff, progress)
     actuator = _actuator(options, good, bad, diff, session, progress)
     atexit.register(_quietly, actuator.restore)
     tester: _TrialRunner | None = None
@@ -1126,6 +1132,34 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
     _close_workers(tester)
     session.unlock()
     return out
+
+
+def _guard(
+    options: RunOptions,
+    session: Session,
+    good: mf.Manifest,
+    bad: mf.Manifest,
+    diff: DiffResult,
+    progress: Progress,
+) -> None:
+    """What the manifests may touch and run, checked before the first trial (a refusal ends
+    the session as refused)."""
+    from envbisect.guard import check_run
+
+    try:
+        for line in check_run(
+            options.config,
+            good,
+            bad,
+            diff,
+            trusted=options.trust,
+            local=not options.transport.layers,
+        ):
+            progress(f"note: {line}")
+    except EnvBisectError as exc:
+        session.append({"type": "end", "outcome": "refused", "message": str(exc)})
+        session.unlock()
+        raise
 
 
 def _open_session(options: RunOptions) -> Session:

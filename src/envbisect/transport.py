@@ -631,6 +631,14 @@ _FIXERS: dict[str, Callable[[list[str], str], Layer]] = {
 }
 
 
+def _private_log(path: Path) -> IO[bytes]:
+    """A run's output file, readable by its owner only (a smoke command's output may hold
+    what the user's own training prints: tokens, paths); never written through a symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
+
+
 @dataclass(frozen=True)
 class ProcessResult:
     """What one process run returned; stdout/stderr are kept in full under ``log_dir``.
@@ -721,7 +729,7 @@ class Transport:
         run_env[RUN_TAG_ENV] = tag  # inherited by everything the run starts: found after it
         _become_subreaper()
         _in_flight(+1)
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        with _private_log(out_path) as out, _private_log(err_path) as err:
             proc = self._start(full, out, err, run_env, cwd)
             timed_out, killed = _wait_and_end_leftovers(
                 proc, stdin, timeout_s, tag, log_dir / f"{name}.killed"

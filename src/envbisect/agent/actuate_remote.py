@@ -33,6 +33,7 @@ import base64
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -130,12 +131,25 @@ def _find_uv():
 _sha256 = journal.sha256_of
 
 
+# A repo's own hooks and fsmonitor never run from envbisect's git calls (a worktree add runs
+# post-checkout; any status may start an fsmonitor command).
+NO_SIDE_EFFECTS = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.untrackedCache=false",
+    "-c",
+    "protocol.allow=never",
+)
+UNSAFE_WORDS = ("dubious ownership", "safe.directory")
 GIT_TIMEOUT_S = 60  # a query (cat-file, rev-list, prune); a worktree add gets longer
 
 
 def _git(repo, *args, timeout=GIT_TIMEOUT_S):
     # A stdlib twin of envbisect.gitcli.run: envbisect is not installed on a target.
-    argv = ["git", "-C", repo] + list(args)
+    argv = ["git", "-C", repo] + list(NO_SIDE_EFFECTS) + list(args)
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -156,9 +170,12 @@ def op_inspect(params):
     out = {"sha256": {}, "commits": [], "revlists": [], "dirs": [], "exists": []}
     for path in params.get("sha256") or ():
         out["sha256"][path] = _sha256(path)
+    out["unsafe"] = {}
     for repo, sha in params.get("commits") or ():
         proc = _git(repo, "cat-file", "-e", f"{sha}^{{commit}}")
         out["commits"].append(proc.returncode == 0)
+        if proc.returncode != 0 and any(w in proc.stderr for w in UNSAFE_WORDS):
+            out["unsafe"][repo] = proc.stderr.strip().splitlines()[0] if proc.stderr else ""
     for repo, old, new in params.get("revlists") or ():
         proc = _git(repo, "rev-list", "--reverse", "--ancestry-path", f"{old}..{new}")
         out["revlists"].append(proc.stdout.split() if proc.returncode == 0 else None)
@@ -409,6 +426,32 @@ def _swaps(items, put):
     return None
 
 
+class CacheRefused(Exception):
+    """A cache that must not be copied (a device file in it; more than the disk holds)."""
+
+
+def _check_copyable(name, src, dest_parent, reserve=64 << 20):
+    """Refuse a copy of ``src`` that holds anything but files, dirs and symlinks (a device
+    file would be read forever) or that does not fit in the free space at ``dest_parent``
+    with ``reserve`` bytes to spare."""
+    total = 0
+    for dirpath, dirs, files in os.walk(src):
+        for entry in dirs + files:
+            path = os.path.join(dirpath, entry)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+            elif not (stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+                raise CacheRefused(f"caches {name}: {path} is not a regular file; not copied")
+    os.makedirs(dest_parent, exist_ok=True)
+    free = shutil.disk_usage(dest_parent).free
+    if total + reserve > free:
+        raise CacheRefused(
+            f"caches {name}: copying {src} needs {total} bytes and {dest_parent} has "
+            f"{free} free; not copied"
+        )
+
+
 def _caches(items, where):
     notes = []
     for item in items:
@@ -422,7 +465,12 @@ def _caches(items, where):
         if os.path.lexists(dest):
             shutil.rmtree(dest)
         if src and _usable_dir(src):
-            shutil.copytree(src, dest, symlinks=True)
+            _check_copyable(item["name"], src, os.path.dirname(dest))
+            try:
+                shutil.copytree(src, dest, symlinks=True)
+            except (OSError, shutil.Error) as exc:
+                shutil.rmtree(dest, ignore_errors=True)  # no half copy fills the disk
+                raise CacheRefused(f"caches {item['name']}: copying {src} failed: {exc}") from None
         else:
             os.makedirs(dest)
             if src:
@@ -446,7 +494,10 @@ def apply(params, put, record, log=None):
     failure = _swaps(params.get("swaps") or (), put)
     if failure:
         return {"failure": failure, "notes": []}
-    return {"failure": None, "notes": _caches(params.get("caches") or (), where)}
+    try:
+        return {"failure": None, "notes": _caches(params.get("caches") or (), where)}
+    except CacheRefused as exc:
+        return {"failure": f"build: {exc}", "notes": []}
 
 
 def _echo(text):

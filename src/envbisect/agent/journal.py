@@ -23,7 +23,7 @@ Three rules keep a user's file safe:
   is not atomic, so it is bracketed: a swap with no ``written`` line after its last ``put``
   was cut off mid-write and is restored whatever the file now holds.
 - **One swapper per file, machine-wide.** Before a file is swapped, a lock keyed by its real
-  path is taken under ``$ENVBISECT_LOCK_DIR`` (default ``/tmp/envbisect-locks``). A process
+  path is taken under ``$ENVBISECT_LOCK_DIR`` (default: this user's 0700 ``lock_dir()``). A process
   that keeps running between swaps (the host) holds it with ``flock`` until it releases it;
   one-shot agent processes (remote targets) leave the lock file as the claim, released by
   their ``cleanup``. A second session is refused with the holder's pid and session; a holder
@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import time
 from typing import Any
 
@@ -45,7 +46,9 @@ except ImportError:  # pragma: no cover - not on POSIX: no machine-wide lock, jo
     fcntl = None  # type: ignore[assignment]
 
 LOCK_DIR_ENV = "ENVBISECT_LOCK_DIR"
-DEFAULT_LOCK_DIR = "/tmp/envbisect-locks"
+# Per user, never a world-writable directory: $XDG_RUNTIME_DIR/envbisect-locks, else
+# ~/.cache/envbisect/locks (0700, owned by the user; checked before every use).
+LOCK_DIR_NAME = "envbisect-locks"
 ORIGINAL_SUFFIX = ".envbisect-original"
 
 # Locks this process holds with flock: real path -> (fd, session).
@@ -62,7 +65,7 @@ class JournalError(Exception):
 def append_line(path, obj):
     """Append one JSON line and fsync, so a kill right after still finds it."""
     data = (json.dumps(obj, sort_keys=True, default=str) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -71,14 +74,24 @@ def append_line(path, obj):
 
 
 def read_lines(path):
-    """Every JSON-object line of ``path``; a torn line (kill mid-write) is skipped."""
+    """Every JSON-object line of ``path``; a torn line (kill mid-write) is skipped.
+
+    A line that is not UTF-8 was not written by envbisect: JournalError naming the line
+    (skipping it could forget a swap that still has to be put back)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
-    for line in text.splitlines():
+    for number, blob in enumerate(raw.splitlines(), 1):
+        try:
+            line = blob.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JournalError(
+                f"{path}: line {number} is not UTF-8 text (byte 0x{blob[exc.start]:02x}); "
+                "it was not written by envbisect: fix or remove that line"
+            ) from None
         if not line.strip():
             continue
         try:
@@ -133,13 +146,22 @@ def atomic_write(target, data, mode=None):
     if mode is None and os.path.exists(target):
         mode = os.stat(target).st_mode & 0o7777
     tmp = os.path.join(parent, "." + os.path.basename(target) + ".envbisect-tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, target)
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # a leftover (or a planted symlink): never written through
+    # Created exclusively and never through a symlink; 0600 until the final mode is set.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_dir(parent)
 
 
@@ -164,8 +186,17 @@ def _sha_bytes(data):
 
 
 def lock_dir():
-    """Where the per-file locks live (one directory for the whole machine)."""
-    return os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR
+    """Where this user's per-file locks live: ``$ENVBISECT_LOCK_DIR``, else
+    ``$XDG_RUNTIME_DIR/envbisect-locks``, else ``~/.cache/envbisect/locks``."""
+    if os.environ.get(LOCK_DIR_ENV):
+        return os.environ[LOCK_DIR_ENV]
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or ""
+    if os.path.isabs(runtime) and os.path.isdir(runtime):
+        return os.path.join(runtime, LOCK_DIR_NAME)
+    cache = os.environ.get("XDG_CACHE_HOME") or ""
+    if not os.path.isabs(cache):
+        cache = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "envbisect", "locks")
 
 
 def lock_path(target):
@@ -229,12 +260,24 @@ def _held_here(real, target, owner):
 
 
 def _make_lock_dir():
+    """The lock directory, made 0700 when absent; JournalError unless it is a directory of
+    this user that nobody else can write (a symlink or another user's directory would let
+    them point a lock file at any file this user can write)."""
     directory = lock_dir()
-    if not os.path.isdir(directory):
-        os.makedirs(directory, exist_ok=True)
-        # Shared by every user of the machine, like /tmp itself.
-        with contextlib.suppress(OSError):
-            os.chmod(directory, 0o1777)
+    if not os.path.lexists(directory):
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(directory, mode=0o700)
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise JournalError(f"lock directory {directory}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise JournalError(f"lock directory {directory}: not a directory (a symlink?); refusing")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise JournalError(
+            f"lock directory {directory}: owned by another user or writable by others; "
+            f"refusing (set {LOCK_DIR_ENV} to a directory of your own)"
+        )
 
 
 def _locked_lock_file(target, path):
@@ -242,9 +285,13 @@ def _locked_lock_file(target, path):
     while a live process has it."""
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         except OSError as exc:
             raise JournalError(f"{target}: cannot take its lock {path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise JournalError(f"{target}: its lock {path} is not this user's file; refusing")
         if not _flock_soon(fd):
             other = _read_owner(fd)
             os.close(fd)
@@ -433,14 +480,15 @@ def _journal_new_swap(journal, backups, target, content, put):
     entry_id = next_id(journal)
     entry = {"op": "swap", "id": entry_id, "path": target, "existed": False, "put": put}
     if os.path.islink(target):
-        entry.update(symlink=os.readlink(target), existed=True)
+        raise JournalError(f"{target}: is a symlink; only regular files are swapped")
     elif os.path.isfile(target):
         entry.update(_back_up(backups, target, entry_id, content))
     elif os.path.lexists(target):
         raise JournalError(f"{target}: is not a regular file; refusing to swap it")
-    if content is None and entry.get("nlink", 1) > 1:
-        # Removing one name of a hard-linked file: a hidden name keeps the inode, so the
-        # restore links it back instead of writing a copy.
+    if entry.get("existed") and not entry.get("inplace") and "symlink" not in entry:
+        # A hidden name beside the file keeps the original inode: the restore renames it
+        # back, which needs no free space (a full disk never leaves the file swapped), and
+        # keeps its mode, times and other hard links.
         entry["held"] = os.path.join(
             os.path.dirname(target),
             f".{os.path.basename(target)}.envbisect-held-{entry_id}",
@@ -459,9 +507,16 @@ def _back_up(backups, target, entry_id, content):
     st = os.stat(target)
     os.makedirs(backups, exist_ok=True)
     backup = os.path.join(backups, str(entry_id))
-    with open(target, "rb") as src:
+    # Not through a symlink, and never a FIFO or device (a read that would block or not end).
+    src_fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(src_fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            raise JournalError(f"{target}: is not a regular file; refusing to swap it")
         original = src.read()
-    with open(backup, "wb") as fh:
+    if os.path.lexists(backup):
+        os.unlink(backup)
+    fd = os.open(backup, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(original)
         fh.flush()
         os.fsync(fh.fileno())
@@ -496,44 +551,65 @@ def restore(journal, backups):
     """
     done = []
     for entry in reversed(_entries(journal)):
-        target = str(entry["path"])
-        now = _state(target)
-        put = entry.get("put")
-        if entry.get("existed"):
-            was = "link:" + entry["symlink"] if "symlink" in entry else entry.get("sha256")
-        else:
-            was = None
-        ours = now == put or not entry.get("_written", True)
-        original = None
-        if now == was:
-            outcome = "unchanged"
-        elif ours:
-            outcome = "restored"
-            held = entry.get("held")
-            if now is None and held and sha256_of(held) == was:
-                os.link(held, target)  # the same inode again: every other link still fits
-            else:
-                inplace = bool(entry.get("inplace")) and now is not None
-                _put_back(entry, target, backups, inplace=inplace)
-        else:
-            outcome = "kept"
-            if entry.get("existed"):
-                original = _beside(target)
-                _put_back(entry, original, backups, inplace=False)
-        if entry.get("held") and os.path.lexists(entry["held"]):
-            os.unlink(entry["held"])
-        tmp = os.path.join(
-            os.path.dirname(target), "." + os.path.basename(target) + ".envbisect-tmp"
-        )
-        if os.path.lexists(tmp):
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        line = {"op": "restored", "id": entry["id"], "path": target, "outcome": outcome}
-        if original:
-            line["original"] = original
-        append_line(journal, line)
-        done.append({"path": target, "outcome": outcome, "original": original})
+        try:
+            done.append(_restore_one(journal, backups, entry))
+        except OSError as exc:
+            finished = {d["path"] for d in done}
+            left = [str(e["path"]) for e in _entries(journal) if e["path"] not in finished]
+            raise JournalError(
+                "cannot restore {}: {}; still swapped: {}".format(
+                    entry["path"], exc.strerror or exc, ", ".join(left)
+                )
+            ) from None
     return done
+
+
+def _restore_one(journal, backups, entry):
+    """Restore one open swap (see :func:`restore`); its outcome record."""
+    target = str(entry["path"])
+    now = _state(target)
+    put = entry.get("put")
+    if entry.get("existed"):
+        was = "link:" + entry["symlink"] if "symlink" in entry else entry.get("sha256")
+    else:
+        was = None
+    ours = now == put or not entry.get("_written", True)
+    original = None
+    if now == was:
+        outcome = "unchanged"
+    elif ours:
+        outcome = "restored"
+        inplace = bool(entry.get("inplace")) and now is not None
+        _original_to(entry, target, backups, was, inplace)
+    else:
+        outcome = "kept"
+        if entry.get("existed"):
+            original = _beside(target)
+            _original_to(entry, original, backups, was, False)
+    if entry.get("held") and os.path.lexists(entry["held"]):
+        os.unlink(entry["held"])
+    tmp = os.path.join(os.path.dirname(target), "." + os.path.basename(target) + ".envbisect-tmp")
+    if os.path.lexists(tmp):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    line = {"op": "restored", "id": entry["id"], "path": target, "outcome": outcome}
+    if original:
+        line["original"] = original
+    # The file is back; a journal line that cannot be written (a full disk) only means a
+    # later restore finds it unchanged.
+    with contextlib.suppress(OSError):
+        append_line(journal, line)
+    return {"path": target, "outcome": outcome, "original": original}
+
+
+def _original_to(entry, dest, backups, was, inplace):
+    """Put the original at ``dest``: the held inode renamed back (no space needed, same
+    mode and times), else written from the backup."""
+    held = entry.get("held")
+    if held and sha256_of(held) == was:
+        os.replace(held, dest)
+    else:
+        _put_back(entry, dest, backups, inplace=inplace)
 
 
 def _put_back(entry, dest, backups, inplace):

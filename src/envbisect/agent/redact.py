@@ -41,12 +41,12 @@ PLACEHOLDER = "<redacted>"
 # Matched anywhere in the name: each of these is a secret whatever surrounds it.
 _SECRET_IN_NAME = re.compile(
     r"SECRET|PASSW|PASSPHRASE|CREDENTIAL|COOKIE|SESSION|PRIVATE|API_?KEY|ACCESS_?KEY"
-    r"|AUTH(?!OR(?!I))|^AWS_",
+    r"|ACCOUNT_?KEY|AUTH(?!OR(?!I))|^AWS_",
     re.IGNORECASE,
 )
 # Matched as whole words of the name (split at ``_ - .``): short words that are
 # harmless inside longer ones (PATH, TOKENIZERS, KEYBOARD).
-_SECRET_WORDS = frozenset({"KEY", "KEYS", "PAT", "PWD", "CREDS", "CRED", "JWT"})
+_SECRET_WORDS = frozenset({"KEY", "KEYS", "PAT", "PWD", "CREDS", "CRED", "JWT", "SIG"})
 # A word that is, or ends in, TOKEN (HFTOKEN, GH_TOKEN) -- but not TOKENS (a count).
 _TOKEN_WORD = re.compile(r"TOKEN$", re.IGNORECASE)
 # The shell's working directory variables are paths, not passwords.
@@ -108,6 +108,40 @@ _SHAPES = (
         ("A",),
     ),
     ("a Slack token", r"xox[abposr]-[A-Za-z0-9\-]{10,}", PLACEHOLDER, ("xox",)),
+    ("an npm token", r"npm_[A-Za-z0-9]{30,}", PLACEHOLDER, ("npm_",)),
+    ("a PyPI token", r"pypi-[A-Za-z0-9_\-]{40,}", PLACEHOLDER, ("pypi-",)),
+    ("a Databricks token", r"dapi[0-9a-f]{32}(?:-[0-9]+)?", PLACEHOLDER, ("dapi",)),
+    ("a Stripe key", r"[rs]k_(?:live|test)_[A-Za-z0-9]{16,}", PLACEHOLDER, ("k_",)),
+    (
+        "a SendGrid key",
+        r"SG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}",
+        PLACEHOLDER,
+        ("SG.",),
+    ),
+    ("a Google OAuth token", r"ya29\.[A-Za-z0-9_\-]{20,}", PLACEHOLDER, ("ya29.",)),
+    ("a Hugging Face org token", r"api_org_[A-Za-z0-9]{20,}", PLACEHOLDER, ("api_org_",)),
+    ("a Docker token", r"dckr_pat_[A-Za-z0-9_\-]{20,}", PLACEHOLDER, ("dckr_pat_",)),
+    (
+        "an Azure SAS signature",
+        r"[?&;]sig=(?P<v>[A-Za-z0-9%+/]{10,}=*)",
+        PLACEHOLDER,
+        ("sig=",),
+    ),
+    (
+        "an Azure account key",
+        r"(?:Account|SharedAccess)Key=(?P<v>[A-Za-z0-9+/]{16,}=*)",
+        PLACEHOLDER,
+        ("Key=",),
+    ),
+    ("basic credentials", r"[Bb]asic (?P<v>[A-Za-z0-9+/]{8,}=*)", PLACEHOLDER, ("asic ",)),
+    (
+        "a secret after a secret-named key:",
+        # An auth scheme word is not the secret: the bearer/basic shapes take what follows it.
+        r"(?P<n>[A-Za-z][A-Za-z0-9_.\-]*)[ \t]*:[ \t]+[\"']?"
+        r"(?![Bb]earer |[Bb]asic |[Tt]oken |[Dd]igest )(?P<v>[^\s,;&\"'<>\\]+)",
+        PLACEHOLDER,
+        (": ",),
+    ),
     (
         "a JWT",
         r"eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*",
@@ -123,11 +157,20 @@ _SHAPES = (
     # scheme://userinfo@ -- any userinfo (user:pass or a bare token) is a credential.
     ("credentials in a URL", r"://(?P<v>[^/@\s?#\"'<>\\]+@)", "", ("://", "@")),
 )
+# ``name: value`` (YAML, config files, headers) is a secret only after these names: a
+# variable named in prose ("HF_TOKEN: the good value ...") is not followed by its value.
+_COLON_NAMES = re.compile(
+    r"(?i)(?:password|passwd|pass|pwd|passphrase|secret|client[_-]?secret|token"
+    r"|auth[_-]?token|access[_-]?token|api[_-]?key|apikey|access[_-]?key|private[_-]?key)\Z"
+)
 _SHAPE_RES = tuple(
     (why, re.compile(pattern, re.DOTALL), needles) for why, pattern, _r, needles in _SHAPES
 )
 # One search that every shape needs to succeed: most strings (versions, paths, ids) stop here.
-_ANY_SHAPE = re.compile(r"-----BEGIN|_|glpat-|sk-|AIza|A[A-Z]{3}[A-Z0-9]{16}|xox|eyJ|earer |://")
+_ANY_SHAPE = re.compile(
+    r"-----BEGIN|_|glpat-|sk-|AIza|A[A-Z]{3}[A-Z0-9]{16}|xox|eyJ|earer |://"
+    r"|pypi-|dapi|SG\.|ya29\.|sig=|Key=|asic |:[ \t]"
+)
 # name=value pairs (also --name=value) inside a value or a text, and --name value options:
 # the value is a secret when the name is. A value ends at whitespace, a list separator or a
 # quote (a quote may also open it: shlex.join writes --password 'a b$c'); a ":" stays inside
@@ -158,6 +201,9 @@ def _shape_spans(text: str) -> list[tuple[int, int, str]]:
             continue
         group = "v" if "v" in regex.groupindex else 0
         for m in regex.finditer(text):
+            # ``name: value`` counts only where the name is a secret's (password: x).
+            if "n" in regex.groupindex and not _COLON_NAMES.match(m.group("n")):
+                continue
             spans.append((m.start(group), m.end(group), why))
     return spans
 

@@ -34,6 +34,7 @@ from packaging.utils import canonicalize_name
 from envbisect.agent.redact import is_redacted
 from envbisect.agent.redact import redact_env as redact_env_value
 from envbisect.errors import TransportError
+from envbisect.sections.caches import CACHE_ENV
 from envbisect.sections.files import FileEntry
 from envbisect.sections.git import GitEntry
 from envbisect.sections.packages import PackageEntry
@@ -121,7 +122,8 @@ def expected_facts(
             out[("files", where.get(key, key))] = None if entry is None else entry.sha256
         elif section == "git":
             out[("git", where.get(key, key))] = GitEntry.of(value).head
-        elif section == "env":
+        elif section == "env" and key not in CACHE_ENV.values():
+            # A cache variable always points into the trial's sandbox (the caches realizer).
             out[("env", key)] = None if value is None else value
     return out
 

@@ -40,7 +40,14 @@ LOCK_NAME = "lock"
 
 
 _append_line = journal.append_line
-_read_lines = journal.read_lines
+
+
+def _read_lines(path: Path | str) -> list[dict[str, Any]]:
+    """``journal.read_lines``, its JournalError (a line that is not UTF-8) a SessionError."""
+    try:
+        return list(journal.read_lines(str(path)))
+    except journal.JournalError as exc:
+        raise SessionError(str(exc)) from None
 
 
 def state_key(applied: Iterable[str], positions: Iterable[tuple[str, int]] = ()) -> str:
@@ -169,7 +176,10 @@ class FileJournal:
 
     def open_swaps(self) -> list[dict[str, Any]]:
         """Swap entries with no ``restored`` entry yet, in order."""
-        return list(journal.open_swaps(str(self.path)))
+        try:
+            return list(journal.open_swaps(str(self.path)))
+        except journal.JournalError as exc:
+            raise SessionError(str(exc)) from None
 
     def claim(self, target: Path) -> None:
         """Lock ``target`` for this session until :meth:`release` (SessionError naming the
@@ -195,6 +205,11 @@ class FileJournal:
             )
         except journal.JournalError as exc:
             raise SessionError(str(exc)) from None
+        except OSError as exc:  # a full disk: the file itself is written by rename or not at all
+            raise SessionError(
+                f"{key}: cannot swap it: {exc.strerror or exc}; if it is not as it was, put it "
+                f"back with 'envbisect reset --session {self.session}'"
+            ) from None
 
     def restore(self) -> list[Path]:
         """Put every open swap back; returns the paths that hold their original again.
@@ -204,7 +219,9 @@ class FileJournal:
         try:
             outcomes = journal.restore(str(self.path), str(self.backups))
         except journal.JournalError as exc:
-            raise SessionError(f"{self.path}: {exc}") from None
+            raise SessionError(
+                f"{self.path}: {exc}; put it back with 'envbisect reset --session {self.session}'"
+            ) from None
         self._open.clear()
         done: list[Path] = []
         for item in outcomes:

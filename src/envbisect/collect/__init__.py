@@ -25,6 +25,7 @@ from envbisect.config import Config
 from envbisect.errors import CollectError, TransportError, UsageError
 from envbisect.manifest import Manifest, atomic_write_bytes, save
 from envbisect.transport import Transport
+from envbisect.trust import sign
 
 AGENT = "envbisect.collect.collector"
 DEFAULT_LABEL = "snapshot"
@@ -82,6 +83,7 @@ def take_snapshot(
     if not isinstance(sections, dict):
         raise CollectError(f"collector in {python} returned no sections")
     errors: list[dict[str, str]] = list(result.get("errors") or [])
+    sections = _escape_raw_bytes(sections, errors)
     blobs = result.get("blobs") or {}
     if blobs:
         errors.extend(store_blobs(blobs, config.blobs_dir))
@@ -99,10 +101,40 @@ def take_snapshot(
         "elapsed_s": round(time.monotonic() - started, 3),
         "errors": errors,
     }
+    # What this snapshot was asked to record: a run may touch these paths of a manifest this
+    # user made (see envbisect.scope), besides what envbisect.yaml names.
+    meta["scope"] = {
+        "files": list(config.files),
+        "repos": [str(p) for p in config.repos],
+        "data": [str(p) for p in config.data],
+        "caches": sorted(
+            {
+                str(c["path"])
+                for c in (sections.get("caches") or {}).values()
+                if isinstance(c, dict) and isinstance(c.get("path"), str)
+            }
+        ),
+    }
     if blobs:
         # Where the contents went, so a manifest written anywhere (-o PATH) finds them.
         meta["blobs_dir"] = str(config.blobs_dir.absolute())
     return Manifest(sections={"meta": dict(sorted(meta.items())), **sections})
+
+
+def _escape_raw_bytes(sections: dict[str, Any], errors: list[dict[str, str]]) -> dict[str, Any]:
+    """Sections whose paths and values that are not UTF-8 (a file name, an env value) are
+    recorded with ``\\xNN`` escapes, each said in ``meta.errors``: YAML holds text only."""
+    from envbisect.escape import escape_raw_bytes
+
+    out: dict[str, Any] = {}
+    for name, value in sections.items():
+        found: list[str] = []
+        out[name] = escape_raw_bytes(value, name, found)
+        errors.extend(
+            {"section": name, "error": f"{where}: not UTF-8; recorded with \\xNN escapes"}
+            for where in found
+        )
+    return out
 
 
 def store_blobs(blobs: dict[str, str], blobs_dir: Path) -> list[dict[str, str]]:
@@ -145,10 +177,11 @@ def default_output(manifest: Manifest, config: Config) -> Path:
 def write_snapshot(manifest: Manifest, out: str | None, config: Config) -> Path | None:
     """Write ``manifest``: ``-`` to stdout (returns None), else a path, atomically."""
     if out == "-":
-        sys.stdout.write(manifest.to_yaml())
+        sys.stdout.write(sign(manifest).to_yaml())
         sys.stdout.flush()
         return None
     path = Path(out) if out else default_output(manifest, config)
+    manifest = sign(manifest)
     if path.is_dir():
         raise UsageError(f"{path}: is a directory; give a file name for -o")
     try:

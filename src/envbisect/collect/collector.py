@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import glob
 import hashlib
 import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -113,7 +115,12 @@ def _normalise(name):
 def _file_sha256(path):
     h = hashlib.sha256()
     size = 0
-    with open(path, "rb") as fh:
+    # Only a regular file is hashed: /dev/zero or a FIFO under files: would never end.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    with os.fdopen(fd, "rb") as fh:
         while True:
             chunk = fh.read(1 << 20)
             if not chunk:
@@ -437,11 +444,26 @@ class _GitError(Exception):
     pass
 
 
+# The repo's own hooks and fsmonitor command never run from a snapshot (git status starts an
+# fsmonitor); the same flags as agent.actuate_remote.NO_SIDE_EFFECTS.
+GIT_NO_SIDE_EFFECTS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
+
 def _git_repo(c, repo, env):
     if not os.path.isdir(repo):
         raise _GitError("no such directory")
     rc, stdout, stderr = c.run(
-        ["git", "-C", repo, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all"],
+        [
+            "git",
+            "-C",
+            repo,
+            *GIT_NO_SIDE_EFFECTS,
+            "status",
+            "--porcelain=v2",
+            "--branch",
+            "-z",
+            "--untracked-files=all",
+        ],
         env=env,
     )
     if rc != 0:
@@ -463,7 +485,18 @@ def _git_repo(c, repo, env):
     diff_sha = None
     if dirty and head is not None:
         rc, diff, stderr = c.run(
-            ["git", "-C", repo, "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color"], env=env
+            [
+                "git",
+                "-C",
+                repo,
+                *GIT_NO_SIDE_EFFECTS,
+                "diff",
+                "HEAD",
+                "--binary",
+                "--no-ext-diff",
+                "--no-color",
+            ],
+            env=env,
         )
         if rc != 0:
             raise _GitError("git diff failed: " + stderr[-200:])

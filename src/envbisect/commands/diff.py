@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from envbisect.commands.common import config_option, load_config, resolve_target, target_options
 from envbisect.errors import UsageError
+
+if TYPE_CHECKING:
+    from envbisect.trust import Review
 
 FORMATS = ("table", "markdown", "json", "yaml")
 
@@ -61,7 +66,10 @@ def command(
     """
     from envbisect import manifest
     from envbisect.diff import diff_manifests
+    from envbisect.escape import terminal
+    from envbisect.guard import indexes
     from envbisect.render import render
+    from envbisect.trust import diff_review
 
     good_manifest = manifest.load(good)
     if bad is not None:
@@ -87,5 +95,34 @@ def command(
     )
     result = result.select(sections)
     color = fmt == "table" and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    click.echo(render(result, fmt, color=color), nl=False, color=color)
+    review = diff_review(
+        good_manifest,
+        bad_manifest,
+        result.changes,
+        indexes(load_config(config_path)),
+        own=() if bad is not None else (bad_manifest,),
+    )
+    text = with_review(render(result, fmt, color=color), fmt, review)
+    click.echo(terminal(text, keep_colors=color), nl=False, color=color)
     return 0 if result.identical else 1
+
+
+def with_review(text: str, fmt: str, review: Review) -> str:
+    """``text`` with what can run code and where packages come from: a block after a
+    table or markdown, a ``review`` key in json and yaml."""
+    import yaml
+
+    from envbisect.agent.redact import redact_text, redact_tree
+
+    if not review.risks and not review.sources:
+        return text
+    if fmt == "json":
+        doc = json.loads(text)
+        doc["review"] = redact_tree(review.as_dict())
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "yaml":
+        doc = yaml.safe_load(text)
+        doc["review"] = redact_tree(review.as_dict())
+        return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+    block = redact_text("\n".join(review.lines())) + "\n"
+    return text + ("\n```\n" + block + "```\n" if fmt == "markdown" else "\n" + block)

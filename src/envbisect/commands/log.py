@@ -13,8 +13,9 @@ from envbisect.commands.common import config_option, load_config, session_option
 def command(session_dir: str | None, config_path: str | None) -> int:
     """Print the trial table of the current (or last) bisection session."""
     from envbisect.bisect.session import Session
+    from envbisect.escape import terminal
     from envbisect.report import log_table
 
     root = session_root(load_config(config_path), session_dir)
-    click.echo(log_table(Session.existing(root)), nl=False)
+    click.echo(terminal(log_table(Session.existing(root))), nl=False)
     return 0

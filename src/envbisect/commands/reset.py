@@ -16,6 +16,7 @@ def command(session_dir: str | None, config_path: str | None) -> int:
     The session's log and trial logs stay, so 'envbisect log' still shows what was measured.
     """
     from envbisect.bisect.session import Session
+    from envbisect.escape import printable
 
     root = session_root(load_config(config_path), session_dir)
     session = Session.existing(root)
@@ -24,14 +25,14 @@ def command(session_dir: str | None, config_path: str | None) -> int:
     from envbisect.bisect.actuate import reset_remote
 
     for line in reset_remote(session):  # a remote target's journal, worktrees and venvs
-        click.echo(line)
+        click.echo(printable(line))
     for path in done.restored:
-        click.echo(f"restored {path}")
+        click.echo(printable(f"restored {path}"))
     for kept in done.kept:
-        click.echo(kept.describe())
+        click.echo(printable(kept.describe()))
     for path in done.worktrees:
-        click.echo(f"removed worktree {path}")
+        click.echo(printable(f"removed worktree {path}"))
     for path in done.removed:
-        click.echo(f"removed {path}")
-    click.echo(f"session {session.root} reset", err=True)
+        click.echo(printable(f"removed {path}"))
+    click.echo(printable(f"session {session.root} reset"), err=True)
     return 0

@@ -94,6 +94,15 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
 )
 @click.option("--json", "json_path", metavar="PATH", help="Write the result as JSON ('-': stdout).")
 @click.option("--report", "report_path", metavar="PATH", help="Write a markdown report.")
+@click.option(
+    "--trust",
+    "trust",
+    multiple=True,
+    metavar="MANIFEST",
+    help="Run this manifest although someone else made it and it names entries that can "
+    "run code (env vars that load code, package sources, .pth files, repos with hooks); "
+    "review it first (envbisect diff marks them). Repeatable.",
+)
 @metric_regex_option
 @target_options
 @config_option
@@ -109,6 +118,7 @@ def command(**flags: Any) -> int:
     from envbisect import report
     from envbisect.agent.redact import redact_text
     from envbisect.errors import UsageError
+    from envbisect.escape import terminal
     from envbisect.manifest import check_writable
     from envbisect.reconstruct import parse_as_of
     from envbisect.runner import validate_options
@@ -138,7 +148,7 @@ def command(**flags: Any) -> int:
 
     # Progress is often tee'd to a file: it passes the same secret rules as the report.
     def say(line: str) -> None:
-        click.echo(redact_text(line), err=True)
+        click.echo(terminal(redact_text(line)), err=True)
 
     # With --good-as-of the good path is known once the state is rebuilt (below).
     options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
@@ -163,7 +173,7 @@ def command(**flags: Any) -> int:
     result = _run_bisect(options, say)
     if rec is not None:
         result = _with_reconstruction_notes(result, rec, say)
-    click.echo(report.render_text(result), nl=False)
+    click.echo(terminal(report.render_text(result)), nl=False)
     _write_outputs(result, args.json_path, args.report_path)
     return result.exit_code
 
@@ -197,6 +207,7 @@ class RunFlags:
     print_command: bool
     config_path: str | None
     smoke_argv: tuple[str, ...]
+    trust: tuple[str, ...] = ()
 
     def options(
         self,
@@ -242,6 +253,7 @@ class RunFlags:
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
+            trust=tuple(Path(p).absolute() for p in self.trust),
         )
 
 
@@ -324,6 +336,7 @@ def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
 def _write_outputs(result: RunResult, json_path: str | None, report_path: str | None) -> None:
     """``--json`` (``-``: stdout) and ``--report``."""
     from envbisect import report
+    from envbisect.escape import terminal
     from envbisect.manifest import atomic_write_text
 
     if json_path == "-":
@@ -331,4 +344,4 @@ def _write_outputs(result: RunResult, json_path: str | None, report_path: str | 
     elif json_path:
         atomic_write_text(Path(json_path), report.render_json(result))
     if report_path:
-        atomic_write_text(Path(report_path), report.render_markdown(result))
+        atomic_write_text(Path(report_path), terminal(report.render_markdown(result)))

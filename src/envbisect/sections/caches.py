@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envbisect.changes import EntryPair, Found, human_bytes
+from envbisect.changes import EntryPair, Found, Unit, human_bytes
 from envbisect.realize import CacheDir, Context, FactQuery, Plan, Sandbox, Values
-from envbisect.sections import KeyedSection, register
+from envbisect.sections import DiffContext, KeyedSection, register
 
 CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}
 
@@ -148,6 +148,21 @@ class Caches(KeyedSection):
 
     def describe(self, raw: dict[str, Any]) -> str:
         return CacheEntry.read(raw).describe()
+
+    def regroup(self, units: list[Unit], ctx: DiffContext) -> list[Unit]:
+        """A cache whose variable moved (TORCHINDUCTOR_CACHE_DIR /a → /b) is one unit: the
+        variable's change joins the cache's, whose realizer points it into the trial."""
+        by_var = {var: name for name, var in CACHE_ENV.items()}
+        caches = {u.changes[0].key: i for i, u in enumerate(units) if u.section == self.name}
+        out = list(units)
+        for unit in units:
+            name = by_var.get(unit.changes[0].key) if unit.section == "env" else None
+            if name is None or name not in caches or len(unit.changes) != 1:
+                continue
+            i = caches[name]
+            out[i] = replace(out[i], changes=out[i].changes + unit.changes)
+            out.remove(unit)
+        return out
 
     def judge_both(self, pair: EntryPair, old: dict[str, Any], new: dict[str, Any]) -> Found:
         was, now = CacheEntry.read(old), CacheEntry.read(new)

@@ -90,6 +90,12 @@ class GitRealizer:
             query.revlists.add((key, heads[0], heads[1]))
 
     def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        unsafe = ctx.facts().unsafe.get(key)
+        if unsafe is not None:
+            return (
+                f"git {key}: git refuses the repo as unsafe (owned by another user; see git's "
+                f"safe.directory): {unsafe}"
+            )
         for value in (old, new):
             head = GitEntry.of(value).head
             if not head or not ctx.facts().commits.get((key, head)):
