@@ -804,7 +804,7 @@ class _TrialRunner:
             timeout_s=self.o.timeout_s,
             log_dir=work.trial_dir,
             name=name,
-            argv_map=realized.map_argv,
+            argv_map=realized.command_argv,
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )

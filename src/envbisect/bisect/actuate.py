@@ -514,6 +514,7 @@ class Actuator:
                 cwd=None,  # a cwd of this machine means nothing there; a worktree sets one
                 path=self.target().path or FAR_PATH,
                 in_venv=False,
+                local=False,
             )
         prefix = Path(self.python).parent.parent
         return Sandbox(
@@ -554,6 +555,7 @@ class Actuator:
             env=plan.env,
             cwd=plan.cwd,
             path_map=plan.path_map,
+            origin=plan.origin,
             venv=Path(plan.venv.path) if plan.venv is not None else None,
             notes=tuple(notes),
         )
