@@ -1,0 +1,64 @@
+"""A user's own repo, the command typed the way users type it (issue 21): from the repo's
+parent, from inside the repo, with absolute paths, from elsewhere. Real git, real uv venv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers_user_repo import METRIC, UserRepo, envbisect, make_user_repo
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> UserRepo:
+    return make_user_repo(tmp_path_factory.mktemp("user"))
+
+
+def _run(w: UserRepo, cwd: Path, session: str, *command: str) -> tuple[int, dict, str]:
+    res = envbisect(
+        cwd,
+        "run",
+        "--config", str(w.config),
+        "--good", str(w.good),
+        "--bad", str(w.bad),
+        "--python", str(w.python),
+        "--session", str(w.ws / ".envbisect" / session),
+        "--metric-regex", METRIC,
+        "--until", "50%",
+        "--json", "-",
+        "--", *command,
+    )  # fmt: skip
+    doc = json.loads(res.stdout[res.stdout.index("{") :]) if "{" in res.stdout else {}
+    return res.returncode, doc, res.stdout + res.stderr
+
+
+def _assert_found_the_slow_commit(w: UserRepo, code: int, doc: dict, out: str) -> None:
+    assert code == 0, out
+    assert [c["unit"] for c in doc["culprits"]] == [f"git:{w.repo}"], out
+    assert doc["culprits"][0]["commit"] == w.slow_commit, out
+    failed = [t for t in doc["trials"] if t.get("failure")]
+    assert failed == [], out
+
+
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [
+        ("parent", ("python", "repo/train.py", "--data", "repo/data/x.jsonl")),
+        ("parent", ("python3", "repo/train.py", "--data=repo/data/x.jsonl")),
+        ("repo", ("python", "train.py", "--data", "data/x.jsonl")),
+        ("elsewhere", ("python", "{repo}/train.py", "--data", "{repo}/data/x.jsonl")),
+        ("parent", ("bash", "-c", "python repo/train.py --data repo/data/x.jsonl")),
+    ],
+)
+def test_every_form_of_the_command_runs_every_trial_and_finds_the_commit(
+    world: UserRepo, where: str, command: tuple[str, ...], request: pytest.FixtureRequest
+) -> None:
+    cwd = {"parent": world.ws, "repo": world.repo, "elsewhere": world.ws.parent}[where]
+    argv = [w.format(repo=world.repo) for w in command]
+    session = "s-" + "".join(c if c.isalnum() else "-" for c in request.node.callspec.id)
+    code, doc, out = _run(world, cwd, session, *argv)
+    _assert_found_the_slow_commit(world, code, doc, out)
