@@ -62,3 +62,28 @@ def test_every_form_of_the_command_runs_every_trial_and_finds_the_commit(
     session = "s-" + "".join(c if c.isalnum() else "-" for c in request.node.callspec.id)
     code, doc, out = _run(world, cwd, session, *argv)
     _assert_found_the_slow_commit(world, code, doc, out)
+
+
+def test_a_command_that_cannot_start_is_stopped_after_the_good_endpoint(world: UserRepo) -> None:
+    """A typo in the script's name: one trial, the command's own error line, exit 2."""
+    code, doc, out = _run(world, world.ws, "s-typo", "python", "repo/trian.py", "--data", "x")
+    assert code == 2, out
+    assert "the smoke command fails in the good state: " in out
+    assert "can't open file" in out and "trian.py" in out
+    assert f"cwd: {world.ws}" in out and f"interpreter: {world.python}" in out
+    assert "trial 2" not in out
+    for word in ("unfaithful", "does not reproduce", "outside the recorded", "Culprit"):
+        assert word not in out
+
+
+def test_a_missing_data_file_is_said_in_the_commands_words(world: UserRepo) -> None:
+    code, _doc, out = _run(world, world.ws, "s-nodata", "python", "repo/train.py", "--data", "no.jsonl")
+    assert code == 2, out
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'no.jsonl'" in out
+    assert "trial 2" not in out
+
+
+def test_a_command_whose_output_has_no_metric_stops_with_its_last_line(world: UserRepo) -> None:
+    code, _doc, out = _run(world, world.ws, "s-nometric", "python", "-c", "print('hello')")
+    assert code == 2, out
+    assert "gives no throughput in the good state" in out and "hello" in out

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envbisect import cmdcheck
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.agent.redact import redact_env as redact_value
@@ -50,7 +51,13 @@ from envbisect.bisect.search import (
 )
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
-from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
+from envbisect.errors import (
+    CommandFailed,
+    EnvBisectError,
+    Interrupted,
+    TransportError,
+    UsageError,
+)
 from envbisect.failure import Failure
 from envbisect.metric import (
     RESULT_ENV,
@@ -624,6 +631,7 @@ class _TrialRunner:
         # for a kill) and the Slurm allocations to cancel at the end.
         self.after_run: Callable[[Measurement, Path, Worker], Measurement] | None = None
         self.allocations: Allocations | None = None
+        self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
 
     def __call__(self, state: State, n: int) -> Outcome:
         return self.measure(state, n)
@@ -667,7 +675,25 @@ class _TrialRunner:
                 work.failure,
             )
             _write_trial_log(work.trial_dir, index, sorted(work.applied), work.positions, call)
-        return self._log(work, key, index)
+        outcome = self._log(work, key, index)
+        self._endpoint_guard(work, realized.python)
+        return outcome
+
+    def _endpoint_guard(self, work: _TrialWork, python: str) -> None:
+        """Stop the run, in the command's own words, when the good endpoint cannot run the
+        command or both endpoints fail the same way (``envbisect.cmdcheck``)."""
+        if work.failure is None or work.untestable or work.positions or not work.runs:
+            return
+        run = _run_facts(work, python)
+        if not work.applied:
+            self.endpoint_runs["good"] = run
+            if cmdcheck.good_stops(run):
+                raise CommandFailed(cmdcheck.message("good", run))
+        elif len(work.applied) == self.n_units:
+            self.endpoint_runs["bad"] = run
+        good, bad = self.endpoint_runs.get("good"), self.endpoint_runs.get("bad")
+        if good is not None and bad is not None and cmdcheck.same_failure(good, bad):
+            raise CommandFailed(cmdcheck.message("good", good, both=True))
 
     def _claim(self, key: str) -> tuple[TrialRecord | None, int]:
         """The logged trial of this state to replay, or the trial number to measure it as."""
@@ -812,6 +838,22 @@ class _TrialRunner:
         if self.after_run is not None and work.worker is not None:
             m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
+
+
+def _run_facts(work: _TrialWork, python: str) -> cmdcheck.RunFacts:
+    """The last run of a failed trial, as ``cmdcheck`` judges it."""
+    last = work.runs[-1]
+    return cmdcheck.RunFacts(
+        argv=last.launch.argv,
+        cwd=last.cwd,
+        interpreter=python,
+        started=last.launch.started,
+        exit_status=last.launch.exit_status,
+        stdout=last.launch.stdout.decode("utf-8", "replace"),
+        stderr=last.launch.stderr.decode("utf-8", "replace"),
+        failure=Failure.of(work.failure) or Failure.crash("?"),
+        log_dir=work.trial_dir,
+    )
 
 
 def _worker_name(worker: Worker | None) -> str | None:
