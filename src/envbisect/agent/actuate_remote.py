@@ -14,6 +14,7 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
               restoring any swap a dead process left open); the work itself is
               :func:`apply`
     restore   put back every journaled swap (idempotent; after every trial and on exit)
+    drop      remove a finished trial's cache dirs
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
 
 Local targets run the same code in the host process (``bisect.execute.LocalExecutor``):
@@ -348,6 +349,18 @@ def op_restore(params):
     return {"restored": done, "kept": kept}
 
 
+def drop_dirs(paths):
+    """Remove a trial's cache dirs (copies and fresh ones) once the trial is over."""
+    for path in paths:
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+    return {"dropped": list(paths)}
+
+
+def op_drop(params):
+    return drop_dirs(params.get("paths") or ())
+
+
 def _release_all(root):
     paths = sorted(
         {
@@ -545,5 +558,6 @@ _OPS = {
     "venv": op_venv,
     "realize": op_realize,
     "restore": op_restore,
+    "drop": op_drop,
     "cleanup": op_cleanup,
 }

@@ -105,8 +105,11 @@ def is_warm(value: Any) -> bool:
 
 
 class CachesRealizer:
-    """Every known compile cache points into the trial's sandbox: a copy of the recorded dir
-    (warm) or a fresh empty one (cold); the user's own cache is never written to."""
+    """A compile cache that is part of the diff points into the trial's sandbox: a copy of
+    the dir the snapshot recorded (warm) or a fresh empty one (cold), removed when the trial
+    ends (``Actuator.realize``). A cache that did not change is the same in every state:
+    trials use it where it is, as the user's own runs do, and nothing is copied (a copy of
+    a multi-GB default inductor cache per trial filled disks)."""
 
     section = "caches"
     order = 4
@@ -133,7 +136,9 @@ class CachesRealizer:
         dirs: list[CacheDir] = []
         env: dict[str, str] = {}
         for name, var in CACHE_ENV.items():
-            value = values[name][1] if name in values else ctx.bad.section("caches").get(name)
+            if name not in values:
+                continue  # not a change: the cache as the machine has it
+            value = values[name][1]
             entry = CacheEntry.of(value)
             warm = (entry.path or "") if entry is not None and is_warm(value) else None
             dirs.append(CacheDir(name, f"{sandbox.trial}/caches/{name}", warm))
