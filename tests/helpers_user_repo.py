@@ -75,7 +75,9 @@ class UserRepo:
         return self.commits[2]
 
 
-def envbisect(cwd: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def envbisect(
+    cwd: Path, *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``envbisect ARGV`` as a user types it: a real process in ``cwd``."""
     return subprocess.run(
         [sys.executable, "-m", "envbisect", *argv],

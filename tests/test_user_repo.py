@@ -77,7 +77,9 @@ def test_a_command_that_cannot_start_is_stopped_after_the_good_endpoint(world: U
 
 
 def test_a_missing_data_file_is_said_in_the_commands_words(world: UserRepo) -> None:
-    code, _doc, out = _run(world, world.ws, "s-nodata", "python", "repo/train.py", "--data", "no.jsonl")
+    code, _doc, out = _run(
+        world, world.ws, "s-nodata", "python", "repo/train.py", "--data", "no.jsonl"
+    )
     assert code == 2, out
     assert "FileNotFoundError: [Errno 2] No such file or directory: 'no.jsonl'" in out
     assert "trial 2" not in out

@@ -88,7 +88,8 @@ class PathMapper:
             if new == w:
                 continue
             pattern = rf"(?<![^{_EDGE}]){re.escape(w)}(?![^{_EDGE}])"
-            text = re.sub(pattern, lambda _m, new=new: shlex.quote(new), text)
+            quoted = shlex.quote(new)
+            text = re.sub(pattern, lambda _m: quoted, text)  # noqa: B023 - used at once
         return text
 
     def argv(self, argv: Sequence[str], python: str | None = None) -> list[str]:

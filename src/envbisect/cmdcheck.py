@@ -97,7 +97,11 @@ def message(state: str, run: RunFacts, *, both: bool = False) -> str:
     """``the smoke command fails in the good state: <line>`` and how it was run."""
     how = "fails the same way in both endpoints" if both else f"fails in the {state} state"
     if no_metric(run.failure) and run.started and run.exit_status == 0:
-        how = "gives no throughput in both endpoints" if both else f"gives no throughput in the {state} state"
+        how = (
+            "gives no throughput in both endpoints"
+            if both
+            else f"gives no throughput in the {state} state"
+        )
         line = f"{run.failure}; its last line: {first_error_line('', run.stdout) or '(no output)'}"
     else:
         line = run.line

@@ -1465,6 +1465,32 @@ def _target_args(options: RunOptions) -> tuple[str, ...]:
     return tuple(words)
 
 
+def good_command_line(options: RunOptions) -> str:
+    """``run --print-command``: the whole command the good state runs — its cwd, how its
+    environment differs from this one, its interpreter and argv as mapped into the state
+    (worktree paths are where the run makes them). Nothing is realized."""
+    import shlex
+
+    from envbisect.diff import diff_manifests
+
+    good = mf.load(options.good)
+    saved = options.session_dir / "bad.yaml"
+    bad_path = options.bad or (saved if saved.exists() else None)
+    bad = mf.load(bad_path) if bad_path is not None else good
+    data_map = dict(getattr(options.config, "data_map", {}) or {})
+    diff = diff_manifests(good, bad, data_map=data_map)
+    act = _actuator(options, good, bad, diff, Session(options.session_dir), _quiet)
+    plan = act.preview(frozenset(), options.session_dir / "trials" / "001")
+    if plan.failure:
+        raise UsageError(f"the good state cannot be realized: {plan.failure}")
+    changed = env_diff(plan.env)
+    words = ["env", *(w for k in changed["unset"] for w in ("-u", k))]
+    words += [f"{k}={v}" for k, v in changed["set"].items()]
+    command = shlex.join([*words, *plan.command_argv(options.smoke.argv)])
+    cwd = plan.cwd or options.cwd or Path.cwd()
+    return f"cd {shlex.quote(str(cwd))} && {command}"
+
+
 def validate_options(options: RunOptions) -> None:
     """Bad combinations → UsageError (before anything runs)."""
     argv = options.smoke.argv

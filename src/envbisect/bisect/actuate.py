@@ -98,6 +98,7 @@ from envbisect.realize import (
     FactQuery,
     Facts,
     Placement,
+    Plan,
     Sandbox,
     make_plan,
     realizers,
@@ -542,6 +543,12 @@ class Actuator:
             path=env.get("PATH", ""),
             in_venv=os.path.isabs(self.python) and (prefix / "pyvenv.cfg").exists(),
         )
+
+    def preview(self, applied: frozenset[str], trial_dir: Path) -> Plan:
+        """The plan of a state, made but not carried out (``run --print-command``)."""
+        env = dict(self.base_env if self.base_env is not None else os.environ)
+        sandbox = self._sandbox(trial_dir, env)
+        return make_plan(self._context(), sandbox, self._values(applied, {}), env)
 
     def _build(
         self, applied: frozenset[str], positions: Mapping[str, int], trial_dir: Path

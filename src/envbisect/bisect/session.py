@@ -406,7 +406,10 @@ class Session:
         removed_dirs: list[Path] = []
         # Trials' cache dirs too: a run killed mid-trial never removed its copy.
         trial_caches = sorted(self.root.glob("trials/*/caches"))
-        for path in [*(self.root / n for n in ("venvs", "worktrees", "caches", "sandbox")), *trial_caches]:
+        for path in [
+            *(self.root / n for n in ("venvs", "worktrees", "caches", "sandbox")),
+            *trial_caches,
+        ]:
             if path.exists():
                 shutil.rmtree(path, ignore_errors=True)
                 removed_dirs.append(path)

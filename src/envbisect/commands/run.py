@@ -93,7 +93,7 @@ def command(**flags: Any) -> int:
     from envbisect.agent.redact import redact_text
     from envbisect.errors import UsageError
     from envbisect.manifest import check_writable
-    from envbisect.runner import validate_options
+    from envbisect.runner import good_command_line, validate_options
 
     args = RunFlags(**flags)
     config = load_config(args.config_path)
@@ -102,11 +102,16 @@ def command(**flags: Any) -> int:
     if good_path is None:
         raise UsageError("no good state: give --good PATH or set good: in envbisect.yaml")
     transport, py = resolve_target(config, args.python, args.via, args.target_name)
+    py = _interpreter(args, transport, py, good_path)
     smoke = smoke_command(args.smoke_argv, config, args.metric_regex)
-    if args.print_command:
-        click.echo(smoke_command_line(transport, py, smoke))
-        return 0
     options = args.options(config, threshold, good_path, (transport, py), smoke)
+    if args.print_command:
+        click.echo(
+            good_command_line(options)
+            if not smoke.builtin and not transport.layers
+            else smoke_command_line(transport, py, smoke)
+        )
+        return 0
     validate_options(options)
     # Outputs are checked before the first trial: a typo must not cost a whole run.
     for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
@@ -197,6 +202,17 @@ class RunFlags:
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
         )
+
+
+def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path) -> str:
+    """The target interpreter: ``--python`` (or the target's) resolved once, else the one
+    the manifests recorded (``envbisect.interpreter``)."""
+    from envbisect import interpreter
+
+    local = not transport.layers
+    if args.python is None and args.target_name is None and local:
+        return interpreter.recorded(good, Path(args.bad) if args.bad else None)
+    return interpreter.resolve_given(py, local=local)
 
 
 def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
