@@ -159,7 +159,9 @@ def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path:
     assert sc.fingerprint() == before
 
 
-def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None:
+def test_git_culprit_is_narrowed_to_the_first_bad_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sc = Scenario(tmp_path)
     sc.venv("ebwork==1.0")
     sc.commit("docs")
@@ -179,6 +181,7 @@ def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None
     git_dir.mkdir()
     (git_dir / "train.py").write_text((sc.repo / "train.py").read_text())
     threshold = run_workload(sc.python, git_dir / "train.py") / SLOWDOWN**0.5
+    monkeypatch.chdir(sc.repo)  # `python train.py` as typed inside the repo
     res, doc = _run_cli(
         sc, "--until-ktoks", f"{threshold:.0f}", "--repeats", "3", smoke=("python", "train.py")
     )

@@ -18,7 +18,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> UserRepo:
     return make_user_repo(tmp_path_factory.mktemp("user"))
 
 
-def _run(w: UserRepo, cwd: Path, session: str, *command: str) -> tuple[int, dict, str]:
+def _run(
+    w: UserRepo, cwd: Path, session: str, *command: str, env: dict[str, str] | None = None
+) -> tuple[int, dict, str]:
     res = envbisect(
         cwd,
         "run",
@@ -30,7 +32,9 @@ def _run(w: UserRepo, cwd: Path, session: str, *command: str) -> tuple[int, dict
         "--metric-regex", METRIC,
         "--until", "50%",
         "--json", "-",
+        "--report", str(w.ws / ".envbisect" / f"{session}.md"),
         "--", *command,
+        env=env,
     )  # fmt: skip
     doc = json.loads(res.stdout[res.stdout.index("{") :]) if "{" in res.stdout else {}
     return res.returncode, doc, res.stdout + res.stderr
@@ -89,3 +93,67 @@ def test_a_command_whose_output_has_no_metric_stops_with_its_last_line(world: Us
     code, _doc, out = _run(world, world.ws, "s-nometric", "python", "-c", "print('hello')")
     assert code == 2, out
     assert "gives no throughput in the good state" in out and "hello" in out
+
+
+def test_a_culprit_whose_confirmation_crashed_is_not_named(world: UserRepo) -> None:
+    """Everything but the isolated repo crashes (EB_OTHER needs the new code): nothing shows
+    that reverting the repo restores speed, so the run names no culprit and says why."""
+    code, doc, out = _run(
+        world, world.ws, "s-unconfirmed", "python", "repo/train.py", "--data", "repo/data/x.jsonl",
+        env={"EB_CRASH_IF_OTHER": "1"},
+    )  # fmt: skip
+    assert code == 1, out
+    assert doc["outcome"] == "unconfirmed" and doc["culprits"] == []
+    assert "No single culprit (unconfirmed): git:" in out
+    assert "the confirmation with everything but it" in out and "EB_OTHER needs" in out
+    report = (world.ws / ".envbisect" / "s-unconfirmed.md").read_text()
+    assert "No single culprit (unconfirmed)" in report
+
+
+def test_check_says_125_with_the_commands_own_line(world: UserRepo) -> None:
+    res = envbisect(
+        world.ws, "check", "--config", str(world.config), "--until-ktoks", "1k",
+        "--python", str(world.python), "--", "python3", "repo/trian.py",
+    )  # fmt: skip
+    assert res.returncode == 125, res.stdout + res.stderr
+    assert "the smoke command fails in the current state: " in res.stdout
+    assert "can't open file" in res.stdout and "argv: python3 repo/trian.py" in res.stdout
+
+
+def _print_command(w: UserRepo, cwd: Path, *flags: str) -> str:
+    res = envbisect(
+        cwd, "run", "--config", str(w.config), "--good", str(w.good), "--bad", str(w.bad),
+        "--session", str(w.ws / ".envbisect" / "s-print"), *flags, "--print-command",
+        "--", "python", "repo/train.py", "--data", "repo/data/x.jsonl",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_print_command_shows_the_good_states_whole_command(world: UserRepo) -> None:
+    """Without --python: the interpreter the manifests recorded; the cwd where typed; the
+    paths in the good state's worktree; the environment the trial sets."""
+    line = _print_command(world, world.ws)
+    wt = f"{world.ws}/.envbisect/s-print/worktrees/repo-"
+    assert line.startswith(f"cd {world.ws} && env ")
+    assert f" {world.python} {wt}" in line and "/train.py --data " in line
+    assert f"VIRTUAL_ENV={world.python.parent.parent}" in line
+    assert line.endswith(f"{world.commits[0][:12]}/data/x.jsonl")
+
+
+def test_a_relative_python_is_resolved_once_where_it_was_typed(world: UserRepo) -> None:
+    line = _print_command(world, world.ws, "--python", "../target/bin/python")
+    assert f" {world.ws}/../target/bin/python " in line
+    assert f"PATH={world.ws}/../target/bin:" in line
+
+
+def test_without_python_a_missing_recorded_interpreter_is_said(
+    world: UserRepo, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(world.bad.read_text().replace(str(world.python), "/nowhere/bin/python"))
+    res = envbisect(
+        world.ws, "run", "--good", str(world.good), "--bad", str(bad), "--", "python", "x.py"
+    )
+    assert res.returncode == 2
+    assert "interpreter the bad manifest recorded (/nowhere/bin/python) is not here" in res.stderr

@@ -307,6 +307,8 @@ class CheckResult:
     samples: tuple[float, ...]
     failure: Failure | None
     log_dir: Path | None
+    # When it failed: the command's own first error line and how it ran (cmdcheck).
+    detail: str | None = None
 
     @property
     def median(self) -> float | None:
@@ -363,7 +365,8 @@ def check(
             name=f"run-{k}",
             samples=repeats - len(samples),
         )
-        m = run_once(smoke, spec)
+        runs: list[RunLog] = []
+        m = run_once(smoke, spec, record=runs.append)
         if not m.ok:
             failure = m.failure
             break
@@ -371,7 +374,21 @@ def check(
     if failure is None:
         shutil.rmtree(log_dir, ignore_errors=True)
         return CheckResult(threshold, tuple(samples), None, None)
-    return CheckResult(threshold, tuple(samples), failure, log_dir)
+    detail = None
+    if runs and not smoke.builtin:
+        last = runs[-1]
+        facts = cmdcheck.RunFacts(
+            argv=last.launch.argv,
+            cwd=Path.cwd(),
+            interpreter=last.launch.program or python,
+            started=last.launch.started,
+            exit_status=last.launch.exit_status,
+            stdout=last.launch.stdout.decode("utf-8", "replace"),
+            stderr=last.launch.stderr.decode("utf-8", "replace"),
+            failure=failure or Failure.crash("?"),
+        )
+        detail = cmdcheck.message("current", facts)
+    return CheckResult(threshold, tuple(samples), failure, log_dir, detail)
 
 
 # ----------------------------------------------------------------------------- run
@@ -691,6 +708,8 @@ class _TrialRunner:
                 raise CommandFailed(cmdcheck.message("good", run))
         elif len(work.applied) == self.n_units:
             self.endpoint_runs["bad"] = run
+            if cmdcheck.no_metric(run.failure) and "good" not in self.endpoint_runs:
+                raise CommandFailed(cmdcheck.message("bad", run))
         good, bad = self.endpoint_runs.get("good"), self.endpoint_runs.get("bad")
         if good is not None and bad is not None and cmdcheck.same_failure(good, bad):
             raise CommandFailed(cmdcheck.message("good", good, both=True))
@@ -756,6 +775,8 @@ class _TrialRunner:
         if work.failure is None:
             endpoint = not work.applied or len(work.applied) == self.n_units
             work.failure = self._sample(work, realized, endpoint)
+            # No number is no verdict (as in check), whatever --on-crash says.
+            work.untestable = cmdcheck.no_metric(work.failure) and not endpoint
         if work.cancelled():
             raise KeyboardInterrupt
         return realized
@@ -1393,6 +1414,9 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
         (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
         None,
     )
+    failed = _failed_confirmation(result, culprits, numbers) if outcome == "found" else None
+    if failed is not None:
+        outcome, message, culprits = "unconfirmed", failed, ()
     return replace(
         context.result(outcome=outcome, threshold=result.threshold, message=message),
         culprits=culprits,
@@ -1402,6 +1426,27 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
         bad_median=bad_med,
         noise=result.noise,
     )
+
+
+def _failed_confirmation(
+    result: SearchResult, culprits: Sequence[Culprit], numbers: Mapping[str, int]
+) -> str | None:
+    """Why no culprit may be named although one was isolated: the state with everything but
+    it gave no number (a crash, no metric), so nothing shows that reverting it restores
+    speed. None when every culprit's confirmation ran."""
+    full = frozenset(u for t in result.trials for u in t.state.applied)
+    by_state = {t.state.applied: t for t in result.trials if not t.state.positions}
+    for c in culprits:
+        units = frozenset([c.unit.id, *c.together_with])
+        without = by_state.get(full - units)
+        if without is None or not without.failure or not (full - units):
+            continue
+        return (
+            f"{' + '.join(sorted(units))} looked guilty, but the confirmation with everything "
+            f"but it (trial {_trial_number(without, numbers)}) failed ({without.failure}): "
+            "no culprit is named; see that trial's log"
+        )
+    return None
 
 
 def _culprits(
