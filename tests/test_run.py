@@ -693,7 +693,8 @@ def test_trial_logs_say_how_each_run_ran(tmp_path: Path, monkeypatch: pytest.Mon
     assert "EB_SECRET_TOKEN" not in json.dumps(call["env_diff"])  # unchanged: not a diff
     assert call["interpreter"].endswith("/bin/python") and call["cwd"] == str(Path.cwd())
     run = call["runs"][0]
-    assert run["argv"] == ["python", str(sc.repo / "train.py")]
+    # The typed `python` is the state's interpreter, never the first on PATH.
+    assert run["argv"] == [call["interpreter"], str(sc.repo / "train.py")]
     assert run["program"].endswith("/bin/python") and run["exit_status"] == 0
     assert run["wall_s"] > 0 and run["tok_per_s"] == pytest.approx(bad_endpoint["samples"][0])
     for t in doc["trials"]:

@@ -32,7 +32,7 @@ def _run(
         "--metric-regex", METRIC,
         "--until", "50%",
         "--json", "-",
-        "--report", str(w.ws / ".envbisect" / f"{session}.md"),
+        "--report", str(w.ws / f"report-{session}.md"),
         "--", *command,
         env=env,
     )  # fmt: skip
@@ -106,7 +106,7 @@ def test_a_culprit_whose_confirmation_crashed_is_not_named(world: UserRepo) -> N
     assert doc["outcome"] == "unconfirmed" and doc["culprits"] == []
     assert "No single culprit (unconfirmed): git:" in out
     assert "the confirmation with everything but it" in out and "EB_OTHER needs" in out
-    report = (world.ws / ".envbisect" / "s-unconfirmed.md").read_text()
+    report = (world.ws / "report-s-unconfirmed.md").read_text()
     assert "No single culprit (unconfirmed)" in report
 
 

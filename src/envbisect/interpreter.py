@@ -7,7 +7,8 @@ nothing, or another interpreter). A bare name (``python3``) is looked up on PATH
 ``--python`` a local run uses the interpreter the bad manifest (else the good one) recorded
 (``python.executable``, the snapshot's ``sys.executable``): that is where the recorded
 packages are. When that interpreter is not on this machine, the run says so and asks for
-``--python``.
+``--python``; a manifest that records none (written by hand) leaves the default, ``python3``
+looked up on PATH once.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def resolve_given(python: str, *, local: bool, cwd: Path | None = None) -> str:
     return found if found else python
 
 
-def recorded(good: Path, bad: Path | None) -> str:
+def recorded(good: Path, bad: Path | None) -> str | None:
     """The interpreter the manifests recorded (the bad one's when given, it is the machine
-    as it is now), checked to exist here; UsageError saying why not."""
+    as it is now), checked to exist here; UsageError saying why not; None when the
+    manifest records no interpreter path at all (written by hand, not by ``snapshot``)."""
     side, path = ("bad", bad) if bad is not None else ("good", good)
     m = mf.load(path)
     exe = m.section("python").get("executable")
@@ -40,10 +42,7 @@ def recorded(good: Path, bad: Path | None) -> str:
         target = m.section("meta").get("target")
         exe = target.get("python") if isinstance(target, dict) else None
     if not isinstance(exe, str) or not os.path.isabs(exe):
-        raise UsageError(
-            f"no --python given and the {side} manifest ({path}) records no interpreter path: "
-            "give --python PATH (the interpreter whose packages the manifests describe)"
-        )
+        return None  # a hand-written manifest: the caller's default applies
     if not os.access(exe, os.X_OK):
         raise UsageError(
             f"no --python given and the interpreter the {side} manifest recorded ({exe}) "

@@ -211,7 +211,7 @@ def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path) -> s
 
     local = not transport.layers
     if args.python is None and args.target_name is None and local:
-        return interpreter.recorded(good, Path(args.bad) if args.bad else None)
+        py = interpreter.recorded(good, Path(args.bad) if args.bad else None) or py
     return interpreter.resolve_given(py, local=local)
 
 
