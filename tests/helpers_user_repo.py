@@ -11,6 +11,7 @@ the run has more than one unit to choose from.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -102,6 +103,9 @@ def make_user_repo(tmp: Path) -> UserRepo:
     data.parent.mkdir()
     data.write_text("".join('{"text": "%s"}\n' % ("abcdefgh" * 25) for _ in range(12)))
     commits = [commit_all(repo, "train: first version")]
+    # The README form keeps its dataset beside the repo: ws/data/prompts.jsonl.
+    (ws / "data").mkdir()
+    shutil.copy(data, ws / "data" / "prompts.jsonl")
     python = make_venv(tmp / "target", tmp / "no-wheels") / "bin" / "python"
     config = ws / "envbisect.yaml"
     config.write_text(yaml.safe_dump({"repos": [str(repo)], "env": ["EB_OTHER"]}))

@@ -426,3 +426,37 @@ def test_remote_caches_data_and_blockers_are_decided_on_the_target(tmp_path: Pat
     (cache / "fx").rmdir()
     act2 = _actuator(tmp_path / "c", good, bad, "python3", transport=transport)
     assert "no longer holds files" in act2.blockers()["caches:inductor"]
+
+
+def test_untracked_entries_are_linked_into_a_fresh_worktree(tmp_path: Path) -> None:
+    """Data and local configs the repo does not track are in every worktree state, as
+    links; a directory holding a file the state writes is made real down to it, so the
+    write never reaches the live repo; bytecode is never linked."""
+    from envbisect.agent import actuate_remote
+    from tests.helpers_run import commit_all, git, init_repo
+
+    repo = init_repo(tmp_path / "repo")
+    (repo / "train.py").write_text("print(1)\n")
+    (repo / ".gitignore").write_text("data/\n")
+    head = commit_all(repo, "first")
+    (repo / "data" / "cfg").mkdir(parents=True)
+    (repo / "data" / "x.jsonl").write_text("{}\n")
+    (repo / "data" / "cfg" / "knob.txt").write_text("live\n")
+    (repo / "local.yaml").write_text("lr: 1\n")
+    (repo / "__pycache__").mkdir()
+    wt = tmp_path / "wt"
+    knob = str(wt / "data" / "cfg" / "knob.txt")
+    out = actuate_remote.apply(
+        {"worktrees": [[str(repo), head, str(wt)]], "swaps": [{"path": knob, "sha256": None}]},
+        put=lambda _t, _c: None,
+        record=lambda _r, _p: None,
+    )
+    assert out["failure"] is None
+    assert (wt / "local.yaml").is_symlink() and (wt / "local.yaml").read_text() == "lr: 1\n"
+    assert (wt / "data").is_dir() and not (wt / "data").is_symlink()
+    assert (wt / "data" / "x.jsonl").is_symlink()
+    assert not (wt / "data" / "cfg" / "knob.txt").exists()  # the state has it absent
+    assert not (wt / "__pycache__").exists()
+    assert (repo / "data" / "cfg" / "knob.txt").read_text() == "live\n"
+    git(repo, "worktree", "remove", "--force", str(wt))
+    assert (repo / "data" / "x.jsonl").read_text() == "{}\n"

@@ -52,6 +52,7 @@ def _assert_found_the_slow_commit(w: UserRepo, code: int, doc: dict, out: str) -
     ("where", "command"),
     [
         ("parent", ("python", "repo/train.py", "--data", "repo/data/x.jsonl")),
+        ("parent", ("python3", "repo/train.py", "--data", "data/prompts.jsonl")),  # README
         ("parent", ("python3", "repo/train.py", "--data=repo/data/x.jsonl")),
         ("repo", ("python", "train.py", "--data", "data/x.jsonl")),
         ("elsewhere", ("python", "{repo}/train.py", "--data", "{repo}/data/x.jsonl")),
