@@ -285,16 +285,18 @@ def test_caches_warm_is_a_copy_cold_is_empty_and_the_users_cache_is_untouched(
     before = tree_hashes(cache)
     warm = {"path": str(cache), "exists": True, "files": 1, "bytes": 9}
     cold = {"path": str(cache), "exists": True, "files": 0, "bytes": 0}
-    good = manifest(tmp_path / "good.yaml", caches={"inductor": warm})
-    bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold})
+    triton = {"path": str(tmp_path / "triton"), "exists": True, "files": 1, "bytes": 5}
+    good = manifest(tmp_path / "good.yaml", caches={"inductor": warm, "triton": triton})
+    bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold, "triton": triton})
     act = _actuator(tmp_path, good, bad, "python3")
     assert act.blockers() == {}
     with act.realize(frozenset(), {}, tmp_path / "t1") as state:
+        # triton did not change: used where the snapshot found it, never copied
+        assert state.env["TRITON_CACHE_DIR"] == triton["path"]
+        assert not (tmp_path / "t1" / "caches" / "triton").exists()
         sandbox = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
         assert sandbox != cache and (sandbox / "fx" / "graph").read_text() == "compiled\n"
         (sandbox / "fx" / "new").write_text("written by the trial\n")
-        # triton did not change: not redirected, nothing made for it
-        assert "TRITON_CACHE_DIR" not in state.env
     assert not sandbox.exists()  # the copy goes when the trial ends
     with act.realize(frozenset({"caches:inductor"}), {}, tmp_path / "t2") as state:
         cold_dir = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
@@ -416,7 +418,7 @@ def test_remote_caches_data_and_blockers_are_decided_on_the_target(tmp_path: Pat
         sandbox = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
         assert str(sandbox).startswith(f"{home}/.envbisect/session-")
         assert (sandbox / "fx" / "graph").read_text() == "compiled\n"
-        assert "TRITON_CACHE_DIR" not in state.env  # not a change: not redirected
+        assert "TRITON_CACHE_DIR" not in state.env  # not recorded: not redirected
         assert state.map_argv(["--data", str(data)]) == ["--data", str(old)]
     assert not sandbox.exists()  # removed there when the trial ended
     with act.realize(frozenset({"caches:inductor", f"data:{data}"}), {}, tmp_path / "t2") as s2:

@@ -41,6 +41,7 @@ class RunFacts:
     stderr: str
     failure: Failure
     log_dir: Path | None = None
+    origin: str | None = None  # where the user ran it, when the state moved the cwd
 
     @property
     def line(self) -> str:
@@ -108,7 +109,12 @@ def message(state: str, run: RunFacts, *, both: bool = False) -> str:
     parts = [
         f"the smoke command {how}: {line}",
         f"  argv: {shlex.join(run.argv)}",
-        f"  cwd: {run.cwd if run.cwd is not None else '(the target default)'}",
+        f"  cwd: {run.cwd if run.cwd is not None else '(the target default)'}"
+        + (
+            f" (where you ran it, {run.origin}, in the state's worktree)"
+            if run.origin and run.cwd is not None and str(run.cwd) != run.origin
+            else ""
+        ),
         f"  interpreter: {run.interpreter}",
         "  exit: " + (f"{run.exit_status}" if run.started else "did not start"),
     ]

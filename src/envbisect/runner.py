@@ -693,15 +693,15 @@ class _TrialRunner:
             )
             _write_trial_log(work.trial_dir, index, sorted(work.applied), work.positions, call)
         outcome = self._log(work, key, index)
-        self._endpoint_guard(work, realized.python)
+        self._endpoint_guard(work, realized)
         return outcome
 
-    def _endpoint_guard(self, work: _TrialWork, python: str) -> None:
+    def _endpoint_guard(self, work: _TrialWork, realized: Realized) -> None:
         """Stop the run, in the command's own words, when the good endpoint cannot run the
         command or both endpoints fail the same way (``envbisect.cmdcheck``)."""
         if work.failure is None or work.untestable or work.positions or not work.runs:
             return
-        run = _run_facts(work, python)
+        run = _run_facts(work, realized.python, realized.origin)
         if not work.applied:
             self.endpoint_runs["good"] = run
             if cmdcheck.good_stops(run):
@@ -861,7 +861,7 @@ class _TrialRunner:
         return m
 
 
-def _run_facts(work: _TrialWork, python: str) -> cmdcheck.RunFacts:
+def _run_facts(work: _TrialWork, python: str, origin: str | None) -> cmdcheck.RunFacts:
     """The last run of a failed trial, as ``cmdcheck`` judges it."""
     last = work.runs[-1]
     return cmdcheck.RunFacts(
@@ -874,6 +874,7 @@ def _run_facts(work: _TrialWork, python: str) -> cmdcheck.RunFacts:
         stderr=last.launch.stderr.decode("utf-8", "replace"),
         failure=Failure.of(work.failure) or Failure.crash("?"),
         log_dir=work.trial_dir,
+        origin=origin,
     )
 
 
