@@ -178,8 +178,10 @@ class Placement:
         return PathMapper(self.path_map, self.origin, cwd)
 
     def map_argv(self, argv: Sequence[str]) -> list[str]:
-        """argv with paths of repos/datasets rewritten to the state's worktree/data."""
-        return [self.mapper.word(arg) for arg in argv]
+        """Absolute paths of repos/datasets rewritten to the state's worktree/data (what
+        the state check expects where; the user's command goes through ``command_argv``)."""
+        mapper = PathMapper(self.path_map)
+        return [mapper.word(arg) for arg in argv]
 
     def command_argv(self, argv: Sequence[str]) -> list[str]:
         """The user's command in this state: every path mapped (``--opt=path``, shell
