@@ -162,7 +162,8 @@ def test_git_worktree_files_and_env(tmp_path: Path) -> None:
     status_before = git(repo, "status", "--porcelain")
     act = _actuator(tmp_path, good, bad, "python3", base_env={"PATH": "/usr/bin:/bin"}, cwd=repo)
     assert act.blockers() == {}
-    assert act.ordered() == {f"git:{repo}": [c2, c3]}
+    # knob.txt: no commit touched it, so its one version is the uncommitted edit.
+    assert act.ordered() == {f"git:{repo}": [c2, c3], f"files:{repo / 'knob.txt'}": ["uncommitted"]}
     trial = tmp_path / "t1"
     with act.realize(frozenset({"env:EB_SLOW"}), {}, trial) as state:
         assert state.failure is None
@@ -303,11 +304,20 @@ def test_caches_warm_is_a_copy_cold_is_empty_and_the_users_cache_is_untouched(
         assert list(cold_dir.iterdir()) == []
     assert not cold_dir.exists()
     assert tree_hashes(cache) == before
-    # A warm state whose recorded cache is gone cannot be realized: said plainly.
+    # A warm state whose recorded cache is gone is still bisected: its dir starts empty and
+    # the state says that warm is to be made by a run of it (the runner does that run).
     (cache / "fx" / "graph").unlink()
     (cache / "fx").rmdir()
     act2 = _actuator(tmp_path / "b", good, bad, "python3")
-    assert "no longer holds files" in act2.blockers()["caches:inductor"]
+    assert act2.blockers() == {}
+    with act2.realize(frozenset(), {}, tmp_path / "t3") as state:
+        made = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
+        assert state.fill == ("inductor",) and list(made.iterdir()) == []
+        (made / "graph").write_text("compiled by the filling run\n")
+    with act2.realize(frozenset(), {}, tmp_path / "t3") as state:  # the same trial again
+        assert (made / "graph").read_text() == "compiled by the filling run\n"
+    with act2.realize(frozenset({"caches:inductor"}), {}, tmp_path / "t4") as state:
+        assert state.fill == ()
 
 
 def test_local_version_labels_are_kept(tmp_path: Path, wheels: Path) -> None:
@@ -426,8 +436,13 @@ def test_remote_caches_data_and_blockers_are_decided_on_the_target(tmp_path: Pat
         assert s2.map_argv([str(data)]) == [str(data)]
     (cache / "fx" / "graph").unlink()
     (cache / "fx").rmdir()
-    act2 = _actuator(tmp_path / "c", good, bad, "python3", transport=transport)
-    assert "no longer holds files" in act2.blockers()["caches:inductor"]
+    act2 = _actuator(
+        tmp_path / "c", good, bad, "python3", transport=transport, data_map={str(data): str(old)}
+    )
+    assert act2.blockers() == {}
+    with act2.realize(frozenset(), {}, tmp_path / "t3") as s3:
+        assert s3.fill == ("inductor",)
+        assert list(Path(s3.env["TORCHINDUCTOR_CACHE_DIR"]).iterdir()) == []
 
 
 def test_untracked_entries_are_linked_into_a_fresh_worktree(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ the C++ build that makes CPU inductor too slow for a 2-core CI machine.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -425,3 +426,35 @@ def test_samples_env_sets_the_window_count(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(result["samples"]) == 2
     monkeypatch.setenv("ENVBISECT_SAMPLES", "many")
     assert drafter.run(micro())["error"]["stage"] == "params"
+
+
+# ----------------------------------------------------------------------------- CPU threads
+
+
+def test_cpu_threads_are_sized_to_the_cores_really_free() -> None:
+    size = drafter.size_cpu_threads
+    tiny, h200 = {"preset": "tiny"}, {"preset": "h200"}
+    assert size(tiny, 8, 0.0, None)[0] == 1  # tiny: one thread unless asked
+    assert size(dict(tiny, cpu_threads=3), 8, 0.0, None) == (3, "asked (--cpu-threads)")
+    assert size(h200, 8, 0.0, None)[0] == 8
+    assert size(h200, 8, 2.2, None) == (6, "8 usable cores, 2 busy at start")
+    assert size(h200, 2, 1.9, None)[0] == 1  # never below one
+    assert size(h200, 8, 0.0, "4") == (None, "OMP_NUM_THREADS=4")  # left as torch read it
+
+
+def test_a_cpu_run_records_its_threads_affinity_and_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        result = drafter.run(micro(preset="tiny"))
+        assert result["ok"], result["error"]
+        cpu = result["cpu"]
+        assert cpu["threads"] == 1 == result["device"]["threads"]
+        assert cpu["why"].startswith("tiny preset")
+        assert cpu["affinity"] == sorted(os.sched_getaffinity(0))
+        assert cpu["busy_cores_start"] is not None and cpu["busy_cores_during"] is not None
+        assert cpu["load_start"] is not None and cpu["load_end"] is not None
+        asked = drafter.run(micro(preset="tiny", cpu_threads=2))
+        assert asked["cpu"]["threads"] == 2 and asked["cpu"]["why"] == "asked (--cpu-threads)"
+    finally:
+        torch.set_num_threads(before)

@@ -201,7 +201,7 @@ def good_state(ws: Path, size: str) -> None:
             fh.write(json.dumps({"id": i, "text": text}) + "\n")
     (ws / "envbisect.yaml").write_text(
         "repos: [repo]\nfiles: ['repo/*.py']\ndata: [data/prompts.jsonl]\n"
-        "keep_blobs: true\nmanifests_dir: manifests\n"
+        "keep_blobs: true\nmanifests_dir: manifests\nmetric_regex: '([0-9.]+) Ktok/s'\n"
     )
 
 

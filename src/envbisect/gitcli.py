@@ -76,3 +76,38 @@ def commit_env(when: str, identity: Mapping[str, str]) -> dict[str, str]:
     """This process's environment with a fixed author/committer and date (reproducible
     commits, as the demo's repo needs)."""
     return {**os.environ, **identity, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+
+
+def file_commits(repo: str | Path, old: str, new: str, path: str) -> GitResult:
+    """The commits of ``old..new`` that touched ``path`` (relative to the repo), oldest
+    first, one ``<sha>`` per line (renames not followed: a file is known by its path)."""
+    return run("rev-list", "--reverse", f"{old}..{new}", "--", path, repo=repo)
+
+
+def changed_files(repo: str | Path, old: str, new: str) -> list[str]:
+    """Paths (relative to the repo) of the files modified between two commits (added,
+    deleted and renamed ones left out); empty when git fails."""
+    res = run("diff", "--name-only", "--no-renames", "--diff-filter=M", old, new, repo=repo)
+    return res.stdout.splitlines() if res.ok else []
+
+
+def commit_facts(repo: str | Path, commit: str) -> GitResult:
+    """``<sha>\\n<author date, ISO 8601>\\n<subject>`` of one commit."""
+    return run("show", "-s", "--format=%H%n%aI%n%s", commit, repo=repo)
+
+
+def show_file(
+    repo: str | Path, commit: str, path: str, timeout_s: float = TIMEOUT_S
+) -> bytes | None:
+    """The content of ``path`` at ``commit`` (bytes as stored), or None when it is absent
+    there or git fails."""
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{commit}:{path}"],
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None

@@ -153,11 +153,14 @@ class Swap:
 
 @dataclass(frozen=True)
 class CacheDir:
-    """A compile cache for the trial: a copy of ``src`` (warm) or a fresh empty dir."""
+    """A compile cache for the trial: a copy of ``src`` (warm) or a fresh empty dir; with
+    ``fill``, a warm cache whose content is gone, made again by running the state once into
+    the empty dir before it is measured (the dir is then kept for the trial's later runs)."""
 
     name: str
     dest: str
     src: str | None
+    fill: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,7 +215,9 @@ class Plan(Placement):
         return {
             "worktrees": [list(w) for w in self.worktrees],
             "swaps": [{"path": s.path, "sha256": s.sha256, "key": s.key} for s in self.swaps],
-            "caches": [{"name": c.name, "dest": c.dest, "src": c.src} for c in self.caches],
+            "caches": [
+                {"name": c.name, "dest": c.dest, "src": c.src, "fill": c.fill} for c in self.caches
+            ],
         }
 
 

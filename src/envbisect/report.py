@@ -16,6 +16,7 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.bisect.session import Session
+from envbisect.history import UNCOMMITTED, HunkCulprit
 from envbisect.metric import Threshold, format_ktok, format_tok
 from envbisect.runner import Culprit, RunResult, TrialRow
 
@@ -86,6 +87,8 @@ def _verdict(r: TrialRow) -> str:
     return (
         r.verdict
         + (f" ({r.failure})" if r.failure else "")
+        + (f"; {r.crash_rate}" if r.crash_rate else "")
+        + (f"; {r.contended} of {len(r.samples)} samples under load" if r.contended else "")
         + (f" — outlier: {r.outlier}" if r.outlier else "")
     )
 
@@ -126,6 +129,8 @@ def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
 
 def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) -> str:
     """``Culprit: env X unset → v — 12.6 → 4.3 Ktok/s``."""
+    if culprit.hunk is not None:
+        return hunk_sentence(culprit.hunk)
     unit = culprit.unit
     changes = culprit.changes()
     if len(changes) == 1 and unit.section != "torch-stack":
@@ -133,7 +138,9 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
         old = "unset" if c["old"] == "-" and unit.section == "env" else c["old"]
         new = "unset" if c["new"] == "-" and unit.section == "env" else c["new"]
         what = f"{unit.title} {old} → {new}"
-        if culprit.commit:
+        if culprit.commit == UNCOMMITTED:  # a file's versions end with the uncommitted edit
+            what = f"{unit.title}: its uncommitted edit"
+        elif culprit.commit:
             what = f"{unit.title}: first bad commit {culprit.commit[:12]}"
     else:
         what = unit.title
@@ -141,6 +148,57 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
     if good is not None and bad is not None:
         effect = f" — {format_ktok(good)} → {format_ktok(bad)} Ktok/s"
     return f"Culprit: {what}{effect}"
+
+
+def hunk_sentence(h: HunkCulprit) -> str:
+    """``Culprit: commit e4c6327 "model: …" — repo/model.py hunk @@ -10,1 +10,1 @@ — 218.9 →
+    52.4 Ktok/s``, or ``Culprit: uncommitted hunk @@ … @@ in repo/model.py — …``."""
+    v = h.version
+    if h.culprit is None:
+        where = f"{h.shown}, one of hunks " + ", ".join(x.header for x in h.candidates)
+    elif v.committed:
+        where = f"{h.shown} hunk {h.culprit.header}"
+    else:
+        where = f"hunk {h.culprit.header} in {h.shown}"
+    what = (
+        f'commit {v.item[:7]} "{v.subject or "?"}" — {where}'
+        if v.committed
+        else (f"uncommitted {where}")
+    )
+    if h.together:
+        what += " (slow together with " + ", ".join(x.header for x in h.together) + ")"
+    effect = ""
+    if h.good is not None and h.bad is not None:
+        effect = f" — {format_ktok(h.good)} → {format_ktok(h.bad)} Ktok/s"
+    return f"Culprit: {what}{effect}"
+
+
+def hunk_section(h: HunkCulprit) -> list[str]:
+    """The report's view of a hunk culprit: the version, the hunk, the cleared hunks."""
+    v = h.version
+    if v.committed:
+        head = f'### The hunk: commit `{v.item[:12]}` "{v.subject or "?"}" ({v.date or "?"})'
+    else:
+        head = "### The hunk: the uncommitted edit on top of the bad commit"
+    lines = ["", head, ""]
+    several = len(h.files) > 1
+    lines.append(
+        f"`{', '.join(h.files)}` — {len(h.hunks)} hunk(s) in this change; trials "
+        f"{h.good_trial} (without it) and {h.bad_trial} (with it); {h.trials} trial(s) "
+        "searched the hunks"
+    )
+    shown = [h.culprit] if h.culprit is not None else list(h.candidates)
+    for x in shown:
+        lines += ["", *([f"`{h.where(x)}`:"] if several else []), "```diff", *x.lines, "```"]
+    if h.together:
+        lines += ["", "slow only together with: " + ", ".join(f"`{x.header}`" for x in h.together)]
+    if h.cleared:
+        lines += ["", "The other hunks of this change, cleared:", "", "```diff"]
+        for x in h.cleared:
+            where = f"{h.where(x)} " if several else ""
+            lines += [f"{where}{x.header} cleared", *x.lines[1:]]
+        lines.append("```")
+    return lines
 
 
 def summary_lines(result: RunResult) -> list[str]:
@@ -244,6 +302,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "changes": c.changes(),
                 "details": list(c.details),
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
+                "hunk": c.hunk.as_dict() if c.hunk is not None else None,
             }
             for c in result.culprits
         ],
@@ -281,6 +340,13 @@ def explain_trial(r: TrialRow, culprits: set[str]) -> str:
     """One evidence line: what the trial was, what it measured, what that means."""
     if r.purpose in _PURPOSE:
         what = _PURPOSE[r.purpose]
+    elif r.purpose.startswith("narrow: hunks of "):
+        what = f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
+    elif r.purpose.startswith("narrow: files:"):
+        what = (
+            f"bisecting {r.purpose.split(': ', 1)[1]} over its versions (each commit that "
+            "touched it, then the uncommitted edit)"
+        )
     elif r.purpose.startswith("narrow: "):
         what = f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
     else:
@@ -351,6 +417,8 @@ def render_markdown(result: RunResult) -> str:
         if c.details:
             fence = "diff" if c.unit.section == "files" else ""
             lines += ["", f"### What `{c.unit.id}` changed", "", f"```{fence}", *c.details, "```"]
+        if c.hunk is not None:
+            lines += hunk_section(c.hunk)
     lines += ["", "### Evidence", ""]
     culprits = {c.unit.id for c in result.culprits}
     lines += [explain_trial(r, culprits) for r in result.trials] or ["No trial was measured."]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envbisect import cmdcheck
+from envbisect import cmdcheck, contention
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.agent.redact import redact_env as redact_value
@@ -58,7 +58,8 @@ from envbisect.errors import (
     TransportError,
     UsageError,
 )
-from envbisect.failure import Failure
+from envbisect.failure import Failure, FailureKind
+from envbisect.history import HunkCulprit
 from envbisect.metric import (
     RESULT_ENV,
     SAMPLES_ENV,
@@ -69,6 +70,7 @@ from envbisect.metric import (
     format_tok,
     measure,
 )
+from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
@@ -87,6 +89,9 @@ def _quiet(_line: str) -> None:
 
 
 # ----------------------------------------------------------------------------- one run
+
+# Failures of a run that count towards a state's crash rate (a build failure is no run).
+CRASH_KINDS = (FailureKind.CRASH, FailureKind.TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,7 @@ class RunLog:
     launch: Launch
     wall_s: float
     measurement: Measurement
+    contention: Mapping[str, Any] | None = None  # other processes' load during the run
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -174,6 +180,7 @@ class RunLog:
             "samples": list(m.samples),
             "failure": m.failure,
             "source": m.source,
+            **({"contention": dict(self.contention)} if self.contention is not None else {}),
         }
 
 
@@ -413,6 +420,7 @@ class RunOptions:
     max_trials: int | None = None
     timeout_s: float = 600
     on_crash: str = "bad"
+    crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
@@ -428,6 +436,7 @@ class RunOptions:
             ordered=ordered,
             on_failure=self.on_crash,
             workers=workers,
+            crash_runs=self.crash_runs,
         )
 
 
@@ -446,6 +455,14 @@ class TrialRow:
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
     round: int = 0
     worker: str | None = None
+    runs: int = 0  # processes run; a crash ends one
+    crashes: int = 0
+    contended: int = 0  # samples taken while other processes loaded the machine
+
+    @property
+    def crash_rate(self) -> str | None:
+        """``crashed 2 of 6`` when a run of this state crashed."""
+        return f"crashed {self.crashes} of {self.runs}" if self.crashes else None
 
     @classmethod
     def of(cls, trial: Trial, index: int, outlier: str | None) -> TrialRow:
@@ -461,6 +478,9 @@ class TrialRow:
             purpose=trial.purpose,
             round=trial.round,
             worker=trial.worker,
+            runs=trial.runs,
+            crashes=trial.crashes,
+            contended=sum(trial.contended),
         )
 
     @classmethod
@@ -476,6 +496,9 @@ class TrialRow:
             outlier=verdict.get("outlier"),
             round=rec.round or 0,
             worker=rec.worker,
+            runs=rec.runs,
+            crashes=rec.crashes,
+            contended=sum(rec.contended),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -490,6 +513,10 @@ class TrialRow:
             "outlier": self.outlier,
             "round": self.round,
             "worker": self.worker,
+            "runs": self.runs,
+            "crashes": self.crashes,
+            "crash_rate": self.crash_rate,
+            "contended_samples": self.contended,
         }
 
     @classmethod
@@ -505,6 +532,9 @@ class TrialRow:
             purpose=str(d.get("purpose") or ""),
             round=int(d.get("round") or 0),
             worker=d.get("worker"),
+            runs=int(d.get("runs") or 0),
+            crashes=int(d.get("crashes") or 0),
+            contended=int(d.get("contended_samples") or 0),
         )
 
 
@@ -527,6 +557,7 @@ class Culprit:
     details: tuple[str, ...] = ()  # what it changed: content diff, commits, versions
     good_trial: int | None = None  # the trial numbers of the evidence
     bad_trial: int | None = None
+    hunk: HunkCulprit | None = None  # a file in a repo: its first bad version and hunk
 
     def changes(self) -> list[dict[str, Any]]:
         from envbisect.render import show_value
@@ -584,6 +615,7 @@ class _TrialWork:
     first_run: int  # more samples of a trial continue its run numbering
     samples: list[float] = field(default_factory=list)
     runs: list[RunLog] = field(default_factory=list)
+    contended: list[bool] = field(default_factory=list)  # per sample
     failure: Failure | None = None
     untestable: bool = False
     notes: tuple[str, ...] = ()
@@ -606,11 +638,15 @@ class _TrialWork:
 
     def outcome(self) -> Outcome:
         """What the engine (or calibration, which reads samples and failure) is told."""
+        crashed = self.failure is not None and self.failure.kind in CRASH_KINDS and self.runs
         return Outcome(
             samples=tuple(self.samples),
             failure=self.failure,
             untestable=self.untestable,
             worker=self.name,
+            runs=len(self.runs),
+            crashes=1 if crashed else 0,
+            contended=tuple(self.contended),
         )
 
 
@@ -647,6 +683,9 @@ class _TrialRunner:
         # Set by envbisect.parallel: a worker's reading of a finished run (Slurm's reason
         # for a kill) and the Slurm allocations to cancel at the end.
         self.after_run: Callable[[Measurement, Path, Worker], Measurement] | None = None
+        self.filled: set[str] = set()  # states whose warm caches a run has made (_fill)
+        self.fill_writes_nothing = False  # a filling run left its cache dirs empty
+        self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
         self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
 
@@ -674,6 +713,9 @@ class _TrialRunner:
                 failure=logged.failure,
                 untestable=logged.untestable,
                 worker=logged.worker,
+                runs=logged.runs,
+                crashes=logged.crashes,
+                contended=logged.contended,
             )
         work = self._work(
             state, n, worker, cancel, self._trial_dir(index, _worker_name(worker), calibration)
@@ -772,6 +814,8 @@ class _TrialRunner:
                 work.notes = (*work.notes, check.summary())
             elif not check.faithful:
                 work.failure, work.untestable = Failure(check.summary()), True
+        if work.failure is None and realized.fill:
+            work.failure = self._fill(work, realized)
         if work.failure is None:
             endpoint = not work.applied or len(work.applied) == self.n_units
             work.failure = self._sample(work, realized, endpoint)
@@ -795,12 +839,23 @@ class _TrialRunner:
             untestable=work.untestable,
             worker=work.name,
             round=self.rounds.get(work.state),
+            runs=len(work.runs),
+            crashes=work.outcome().crashes,
+            contended=tuple(work.contended),
         )
         with self._lock:
             self.session.append(rec.as_event())
             self.records.append(rec)
-        shown = ", ".join(format_ktok(s) for s in work.samples) or "-"
+        shown = ", ".join(
+            format_ktok(s) + ("*" if busy else "")
+            for s, busy in zip(
+                work.samples, work.contended + [False] * len(work.samples), strict=False
+            )
+        )
+        shown = shown or "-"
         tail = f"; {work.failure}" if work.failure else ""
+        if any(work.contended):
+            tail += "; * other processes loaded the machine"
         on = f" on {work.name}" if work.name else ""
         self.progress(f"  {shown} Ktok/s{tail}{on}  [log {work.trial_dir}]")
         return work.outcome()
@@ -842,6 +897,52 @@ class _TrialRunner:
             samples.extend(m.samples)
         return None
 
+    def _fill(self, work: _TrialWork, realized: Realized) -> Failure | None:
+        """Make the warm caches whose recorded content is gone: run the state once into
+        their empty dirs (the built-in drafter with one drafter thread: compiling in threads
+        is what races), once per trial; its runs then measure with what that run compiled."""
+        key = state_key(work.applied, work.state.positions)
+        if key in self.filled:
+            return None
+        names = ", ".join(realized.fill)
+        if self.fill_writes_nothing:
+            # An earlier filling run left its dirs empty: the command keeps no compile cache
+            # there, so a run now would make exactly the empty dir the state already has.
+            self.progress(f"  caches {names}: warm is the empty dir (the command writes none)")
+            return None
+        smoke, how = self.o.smoke, "one run of this state's command"
+        if smoke.builtin:
+            params = {**smoke.drafter_params, "drafter_threads": 1}
+            smoke, how = replace(smoke, drafter_params=params), "one single-threaded run"
+        spec = RunSpec(
+            transport=work.transport,
+            python=realized.python,
+            env=realized.env,
+            cwd=realized.cwd,
+            timeout_s=self.o.timeout_s,
+            log_dir=work.trial_dir,
+            name="fill",
+            argv_map=realized.map_argv,
+            pin=work.worker.pin_argv() if work.worker is not None else (),
+        )
+        m = run_once(smoke, spec)
+        if not m.ok:
+            return Failure.build(f"caches {names}: making the warm cache failed: {m.failure}")
+        wrote = _wrote_into(realized, work.transport)
+        with self._lock:
+            self.filled.add(key)
+            self.fill_writes_nothing = wrote is False
+        note = (
+            f"caches {names}: the recorded warm cache is gone; warm made by {how} into an "
+            "empty dir, then measured"
+            + ("; it wrote nothing there, so later states skip that run" if wrote is False else "")
+        )
+        work.notes = (*work.notes, note)
+        self.progress(f"  {note}")
+        with self._lock:
+            self.fill_notes.append(note)
+        return None
+
     def _run(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
         spec = RunSpec(
             transport=work.transport,
@@ -855,7 +956,18 @@ class _TrialRunner:
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )
+        if not work.transport.layers:
+            # A cold cache is cold for every run, not only the trial's first: what an
+            # earlier run of the trial compiled into it is removed.
+            for path in realized.cold:
+                _empty_dir(Path(path))
+        window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
+        if window is not None:
+            # Measured here, on the machine the run used: a remote target's load is not ours.
+            reading = window.finish()
+            work.runs[-1] = replace(work.runs[-1], contention=reading.as_dict())
+            work.contended.extend([reading.contended] * len(m.samples))
         if self.after_run is not None and work.worker is not None:
             m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
@@ -876,6 +988,21 @@ def _run_facts(work: _TrialWork, python: str, origin: str | None) -> cmdcheck.Ru
         log_dir=work.trial_dir,
         origin=origin,
     )
+
+
+def _wrote_into(realized: Realized, transport: Transport) -> bool | None:
+    """Whether the filling run put files into the cache dirs it filled; None when they are
+    on a remote target (not looked at from here)."""
+    if transport.layers:
+        return None
+    dirs = [Path(realized.env[CACHE_ENV[name]]) for name in realized.fill]
+    return any(path.is_dir() and any(path.iterdir()) for path in dirs)
+
+
+def _empty_dir(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+        path.mkdir()
 
 
 def _worker_name(worker: Worker | None) -> str | None:
@@ -991,6 +1118,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         if not units:
             return _nothing_to_bisect(context, actuator)
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
+        hunk, hunk_rows = _hunk_step(result, context, tester)
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
         _abandon(
@@ -1007,7 +1135,9 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         _quietly(actuator.restore)  # first: it reports files kept as the user edited them
         session.journal.restore()
         atexit.unregister(_quietly)
-    out = _result(result, context, tester.index_of)
+    out = _with_hunk(_result(result, context, tester.index_of), hunk, hunk_rows)
+    if tester.fill_notes:  # how warm was made, said once in the report and --json
+        out = replace(out, notes=(*out.notes, *dict.fromkeys(tester.fill_notes)))
     if actuator.kept:  # files the user edited while the run went on: said again at the end
         out = replace(out, notes=(*out.notes, *actuator.kept))
     session.append(
@@ -1105,6 +1235,61 @@ def _search(
     return result
 
 
+def _hunk_step(
+    result: SearchResult, context: _RunContext, tester: _TrialRunner
+) -> tuple[HunkCulprit | None, tuple[TrialRow, ...]]:
+    """A guilty file inside a repo, narrowed to its first bad version: which hunk of it
+    (``bisect.hunkrun``); its trials as rows, their verdicts logged as the engine's are."""
+    from envbisect.bisect.hunkrun import HunkSettings, find_hunk
+
+    o = context.options
+    if o.max_trials is not None and len(tester.index_of) >= o.max_trials:
+        return None, ()
+    bad_end = result.trials[1] if len(result.trials) > 1 else None
+    settings = HunkSettings(
+        repeats=o.repeats,
+        max_samples=o.max_samples,
+        budget=None if o.max_trials is None else o.max_trials - len(tester.index_of),
+        crash_is_bad=o.on_crash == "bad" and bad_end is not None and bool(bad_end.failure),
+    )
+
+    def number(state: State) -> int:
+        return tester.index_of.get(state_key(state.applied, state.positions), 0)
+
+    hunk, trials = find_hunk(result, tester.actuator, tester, settings, tester.progress, number)
+    rows = []
+    for t in trials:
+        n = number(t.state)
+        rows.append(
+            TrialRow(
+                index=n,
+                applied=_applied_names(t.state.applied, t.state.positions),
+                samples=t.samples,
+                median=median(t.samples) if t.samples else None,
+                verdict=t.verdict.value,
+                failure=t.failure,
+                purpose=t.purpose,
+            )
+        )
+        context.session.append(
+            {"type": "verdict", "index": n, "verdict": t.verdict.value, "median": rows[-1].median}
+        )
+    return hunk, tuple(rows)
+
+
+def _with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ...]) -> RunResult:
+    """The run's result with the hunk search's trials and the hunk on its culprit."""
+    if not rows and hunk is None:
+        return out
+    culprits = tuple(
+        replace(c, hunk=hunk, commit=hunk.version.item if hunk.version.committed else None)
+        if hunk is not None and c.unit.id == hunk.unit
+        else c
+        for c in out.culprits
+    )
+    return replace(out, culprits=culprits, trials=out.trials + rows)
+
+
 def _both(first: Callable[[Event], None], then: Callable[[Event], None]) -> Callable[[Event], None]:
     def both(event: Event) -> None:
         first(event)
@@ -1175,6 +1360,10 @@ class _RunContext:
                 progress(f"not bisected: {blocked[unit.id]}")
         for note in notes:
             progress(f"note: {note}")
+        busy = None if options.transport.layers else contention.busy_warning(contention.probe())
+        if busy is not None:  # said once; each trial's samples are flagged on their own
+            progress(f"warning: {busy}")
+            notes = (*notes, f"at the start: {busy}")
         return cls(diff, blocked, notes, session, options, bad_path, bad, actuator)
 
     def result(self, *, outcome: str, threshold: float | None, message: str) -> RunResult:

@@ -92,6 +92,7 @@ from envbisect.bisect.execute import Executor, LocalExecutor, RemoteExecutor
 from envbisect.bisect.session import Session
 from envbisect.errors import ActuationError, TransportError
 from envbisect.failure import Failure
+from envbisect.history import FileVersion, file_history, store
 from envbisect.manifest import Manifest
 from envbisect.realize import (
     Context,
@@ -105,7 +106,7 @@ from envbisect.realize import (
 )
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.sections.files import FileEntry
-from envbisect.sections.git import GitEntry
+from envbisect.sections.git import GitEntry, repo_of
 from envbisect.transport import Layer, Transport
 
 REALIZERS = realizers()  # section → its realizer, in plan order (from the section modules)
@@ -160,6 +161,8 @@ class Realized(Placement):
     notes: tuple[str, ...] = ()
     failure: Failure | None = None  # "build: ..." when the state cannot be realized
     caches: tuple[str, ...] = ()  # this trial's cache dirs, removed when it ends
+    fill: tuple[str, ...] = ()  # caches to make warm by one run of the state (CacheDir.fill)
+    cold: tuple[str, ...] = ()  # cold cache dirs: empty at the start of every run
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,15 @@ class Actuator:
     _claimed: bool = False
     # Stored contents found so far: (id of the manifest, blob name) → checked blob file.
     _blobs: dict[tuple[int, str], Path | None] = field(default_factory=dict, repr=False)
+    # A file unit inside a repo: its contents a position stands for (``history``): the
+    # versions the engine bisects over, then the hunk subsets the run registers.
+    _variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _versions: dict[str, tuple[FileVersion, ...]] = field(default_factory=dict, repr=False)
+    # A git unit's states beyond its commits (the hunk step): its worktree at a position
+    # (-1: the good commit) with some files' contents replaced ({file key: files value}).
+    _commit_variants: dict[str, list[tuple[int, dict[str, dict[str, Any]]]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @property
     def remote(self) -> bool:
@@ -389,7 +401,63 @@ class Actuator:
             if len(commits) > 1:
                 out[unit.id] = commits
                 self._commits[unit.id] = commits
+        for unit_id, versions in self.file_versions().items():
+            out[unit_id] = [v.item for v in versions]
         return out
+
+    def file_versions(self) -> dict[str, tuple[FileVersion, ...]]:
+        """file unit id → its versions after the good commit (``history.file_history``), for
+        a file inside a recorded repo whose commit changed; local targets only (the repo is
+        read here)."""
+        if self._versions or self.remote:
+            return self._versions
+        repos = self.bad.section("git")
+        for unit in self.units:
+            if unit.section != "files" or len(unit.changes) != 1:
+                continue
+            key = str(unit.changes[0].key)
+            repo = repo_of(key, [str(r) for r in repos])
+            if repo is None:
+                continue
+            heads = (
+                GitEntry.of(self.good.section("git").get(repo)).head,
+                GitEntry.of(repos.get(repo)).head,
+            )
+            entries = [FileEntry.of(m.section("files").get(key)) for m in (self.good, self.bad)]
+            if not heads[0] or not heads[1] or heads[0] == heads[1] or None in entries:
+                continue
+            shas = (entries[0].sha256, entries[1].sha256)  # type: ignore[union-attr]
+            versions = file_history(repo, key, (heads[0], heads[1]), shas, self.variant_blobs)
+            if versions:
+                self._versions[unit.id] = versions
+                self._variants[unit.id] = [v.value() for v in versions]
+        return self._versions
+
+    @property
+    def variant_blobs(self) -> Path:
+        """Where contents the run makes (a file at a commit, with some hunks) are stored."""
+        return self.session.root / "blobs"
+
+    def add_variant(self, unit_id: str, content: bytes) -> int:
+        """Register ``content`` as a state of file unit ``unit_id``: the position that
+        stands for it (the same position for the same content)."""
+        sha = store(self.variant_blobs, content)
+        value = {"sha256": sha, "size": len(content), "blob": sha}
+        variants = self._variants.setdefault(unit_id, [])
+        if value not in variants:
+            variants.append(value)
+        return variants.index(value)
+
+    def content(self, unit_id: str, pos: int | None) -> bytes | None:
+        """The content of file unit ``unit_id`` at position ``pos`` (None: the bad state's;
+        -1: the good state's), from the blob store."""
+        key = str(next(u for u in self.units if u.id == unit_id).changes[0].key)
+        manifest = self.good if pos == -1 else self.bad
+        value = manifest.section("files").get(key)
+        if pos is not None and pos >= 0:
+            value = self._variant(unit_id, pos, None)
+        path = self._blob(manifest, value) if value is not None else None
+        return path.read_bytes() if path is not None else None
 
     # -- realizing ---------------------------------------------------------------------
 
@@ -442,14 +510,57 @@ class Actuator:
                 value = source.section(change.section).get(key)
                 if on and change.section == "git" and unit.id in positions:
                     value = self._at_position(unit.id, positions[unit.id], value)
+                elif on and change.section == "files" and unit.id in positions:
+                    value = self._variant(unit.id, positions[unit.id], value)
                 values[(change.section, key)] = (source, value)
+        for unit_id, pos in positions.items():
+            variant = self._commit_variant(unit_id, pos) if unit_id in applied else None
+            for key, file_value in variant[1].items() if variant else ():
+                values[("files", key)] = (self.bad, file_value)
         return values
 
     def _at_position(self, unit_id: str, pos: int, value: Any) -> Any:
-        """A git value moved to the ``pos``-th commit of its unit's range."""
+        """A git value moved to the ``pos``-th commit of its unit's range (a position past
+        its commits: a state ``add_commit_variant`` registered, at its base commit)."""
         commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        variant = self._commit_variant(unit_id, pos)
+        if variant is not None and variant[0] < 0:
+            key = str(next(u for u in self.units if u.id == unit_id).changes[0].key)
+            return {**(value or {}), "head": GitEntry.of(self.good.section("git").get(key)).head}
+        if variant is not None:
+            pos = variant[0]
         if commits and 0 <= pos < len(commits):
             return {**(value or {}), "head": commits[pos]}
+        return value
+
+    def add_commit_variant(self, unit_id: str, base: int, contents: Mapping[str, bytes]) -> int:
+        """Register a state of git unit ``unit_id``: its worktree at commit position ``base``
+        (-1: the good commit) with ``contents`` (file key → bytes) written into it; the
+        position that stands for it (past the unit's commits; the same for the same state)."""
+        commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        files = {}
+        for key, content in sorted(contents.items()):
+            sha = store(self.variant_blobs, content)
+            files[key] = {"sha256": sha, "size": len(content), "blob": sha}
+        variants = self._commit_variants.setdefault(unit_id, [])
+        if (base, files) not in variants:
+            variants.append((base, files))
+        return len(commits) + variants.index((base, files))
+
+    def _commit_variant(self, unit_id: str, pos: int) -> tuple[int, dict[str, Any]] | None:
+        variants = self._commit_variants.get(unit_id)
+        if not variants:
+            return None
+        i = pos - len(self._commits.get(unit_id) or self.ordered().get(unit_id, []))
+        return variants[i] if 0 <= i < len(variants) else None
+
+    def _variant(self, unit_id: str, pos: int, value: Any) -> Any:
+        """A file value moved to the ``pos``-th content of its unit (a version, a hunk set)."""
+        if unit_id not in self._variants:
+            self.file_versions()
+        variants = self._variants.get(unit_id)
+        if variants and 0 <= pos < len(variants):
+            return variants[pos]
         return value
 
     def state_values(
@@ -585,7 +696,10 @@ class Actuator:
             origin=plan.origin,
             venv=Path(plan.venv.path) if plan.venv is not None else None,
             notes=tuple(notes),
-            caches=tuple(c.dest for c in plan.caches),
+            # A filled warm cache stays for the state's later calls (reset removes it).
+            caches=tuple(c.dest for c in plan.caches if not c.fill),
+            fill=tuple(c.name for c in plan.caches if c.fill),
+            cold=tuple(c.dest for c in plan.caches if c.src is None and not c.fill),
         )
 
     # -- the target ----------------------------------------------------------------------
@@ -625,7 +739,7 @@ class Actuator:
             self._blobs[key] = next(
                 (
                     base / name
-                    for base in blob_dirs(manifest, self.blob_dirs)
+                    for base in [*blob_dirs(manifest, self.blob_dirs), self.variant_blobs]
                     if (base / name).is_file() and sha256_of(str(base / name)) == entry.content_sha
                 ),
                 None,

@@ -69,8 +69,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from envbisect.bisect.crashrate import CrashRate, clear_confidence, runs_to_clear
 from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
-from envbisect.failure import Failure
+from envbisect.failure import Failure, FailureKind
 from envbisect.metric import format_ktok
 
 __all__ = [
@@ -143,6 +144,11 @@ class Outcome:
     # ``on_failure`` says, it is unresolved, never counted as good or bad.
     untestable: bool = False
     worker: str | None = None
+    # Processes run for these samples (0: one) and how many of them crashed (0 with a
+    # crash failure: one); per sample, whether other processes loaded the machine meanwhile.
+    runs: int = 0
+    crashes: int = 0
+    contended: tuple[bool, ...] = ()
 
 
 TestFn = Callable[[State, int], Outcome]
@@ -175,6 +181,13 @@ class Trial:
     purpose: str = ""
     round: int = 0
     worker: str | None = None
+    runs: int = 0  # processes run (a crash ends one)
+    crashes: int = 0
+    contended: tuple[bool, ...] = ()  # per sample: taken while other processes loaded the box
+
+    @property
+    def crash_rate(self) -> CrashRate:
+        return CrashRate(self.crashes, self.runs)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -187,6 +200,9 @@ class Trial:
             "purpose": self.purpose,
             "round": self.round,
             "worker": self.worker,
+            "runs": self.runs,
+            "crashes": self.crashes,
+            "contended": sum(self.contended),
         }
 
 
@@ -344,6 +360,9 @@ class SearchSettings:
     on_failure: str = "bad"
     threshold_fraction: float | None = None
     workers: int = 1
+    # Runs of a bad endpoint that is not slow spent looking for an intermittent crash
+    # before the regression is called not reproduced (0: none).
+    crash_runs: int = 0
 
     def validate(self, units: Sequence[str]) -> None:
         """ValueError for a mistake of the caller (which validates user input first)."""
@@ -395,6 +414,9 @@ class _Record:
     untestable: bool = False
     round: int = 0
     worker: str | None = None
+    runs: int = 0
+    crashes: int = 0
+    contended: list[bool] = field(default_factory=list)
 
     def freeze(self) -> Trial:
         return Trial(
@@ -407,6 +429,9 @@ class _Record:
             purpose=self.purpose,
             round=self.round,
             worker=self.worker,
+            runs=self.runs,
+            crashes=self.crashes,
+            contended=tuple(self.contended),
         )
 
 
@@ -467,6 +492,11 @@ class _Engine:
         self.candidates: frozenset[str] = self.all
         self.culprits: list[Isolation] = []
         self.unfaithful = False  # an endpoint could not be realized as recorded
+        self.crash_runs = settings.crash_runs
+        # The bad endpoint's crash rate, once it crashed (on_failure "bad"): every state
+        # that runs clean is run ``clear_runs`` times (see ``crashrate``).
+        self.crash: CrashRate | None = None
+        self.clear_runs = 1
 
     # -- measuring -------------------------------------------------------------------------
 
@@ -514,12 +544,20 @@ class _Engine:
             raise TypeError(f"test function returned {type(out).__name__}, not Outcome")
         if rec.worker is None:
             rec.worker = out.worker
-        good = [float(x) for x in out.samples if math.isfinite(float(x))]
+        flags = (list(out.contended) + [False] * len(out.samples))[: len(out.samples)]
+        pairs = zip(out.samples, flags, strict=True)
+        kept = [(float(x), f) for x, f in pairs if math.isfinite(float(x))]
+        good = [x for x, _ in kept]
         rec.samples.extend(good)
+        rec.contended.extend(f for _, f in kept)
+        rec.runs += max(1, out.runs)
+        failure = Failure.of(out.failure) if out.failure else None
+        crashed = failure is not None and failure.kind in (FailureKind.CRASH, FailureKind.TIMEOUT)
+        rec.crashes += out.crashes or (1 if crashed else 0)
         if out.untestable:
             rec.untestable = True
-        if out.failure:
-            rec.failure = Failure.of(out.failure)
+        if failure:
+            rec.failure = failure
         elif not good:
             rec.failure = Failure("no samples")
 
@@ -636,14 +674,71 @@ class _Engine:
         self._emit(EventKind.TRIAL_FINISHED, self._finished_text(rec), rec)
         return rec.verdict
 
-    @staticmethod
-    def _finished_text(rec: _Record) -> str:
+    def _finished_text(self, rec: _Record) -> str:
+        rate = CrashRate(rec.crashes, rec.runs)
+        crashes = f"; {rate.describe()}" if rec.crashes or self.crash else ""
         if rec.failure:
-            return f"trial {rec.index}: {rec.verdict.value} ({rec.failure})"
+            return f"trial {rec.index}: {rec.verdict.value} ({rec.failure}{crashes})"
         return (
             f"trial {rec.index}: {rec.verdict.value} (median {_k(median(rec.samples))} "
-            f"of {len(rec.samples)} samples)"
+            f"of {len(rec.samples)} samples{crashes})"
         )
+
+    # -- intermittent crashes ----------------------------------------------------------------
+
+    def _crashed(self, rec: _Record) -> bool:
+        return rec.crashes > 0 and not rec.untestable and self.on_failure == "bad"
+
+    def _crash_rate(self, bad: _Record) -> None:
+        """The bad endpoint crashed: run it until its crash rate is estimated; from then on
+        every state that runs clean is run until it would have shown such a rate."""
+        while not CrashRate(bad.crashes, bad.runs).estimated():
+            self._emit(
+                EventKind.MORE_SAMPLES,
+                f"trial {bad.index}: {CrashRate(bad.crashes, bad.runs).describe()}; one "
+                "more run to estimate its crash rate",
+                bad,
+            )
+            self._call(bad, 1)
+        self.crash = CrashRate(bad.crashes, bad.runs)
+        self.clear_runs = runs_to_clear(self.crash, clear_confidence(len(self.units)))
+        self._emit(
+            EventKind.PHASE,
+            f"the bad state {self.crash.describe()} runs: a state counts as not crashing "
+            f"after {self.clear_runs} clean runs (a rate like that shows in them with "
+            f"{clear_confidence(len(self.units)):.0%} probability)",
+        )
+
+    def _crash_regime(self, good: _Record, bad: _Record) -> None:
+        """Once the bad endpoint has crashed: its rate, and the good endpoint cleared."""
+        if self.crash is None and self._crashed(bad):
+            self._crash_rate(bad)
+            self._clear(good)
+
+    def _look_for_crash(self, bad: _Record) -> None:
+        """A bad endpoint that is not slow: up to ``crash_runs`` runs looking for a crash."""
+        while not bad.crashes and not bad.untestable and bad.runs < self.crash_runs:
+            self._emit(
+                EventKind.MORE_SAMPLES,
+                f"trial {bad.index}: not slow; run {bad.runs + 1} of {self.crash_runs} "
+                "looking for an intermittent crash",
+                bad,
+            )
+            self._call(bad, 1)
+
+    def _clear(self, rec: _Record) -> None:
+        """Run a state that did not crash until a crash rate like the bad endpoint's would
+        have shown (one run per call: a crash is per process)."""
+        if self.crash is None or rec.untestable or rec.failure:
+            return
+        while not rec.failure and not rec.crashes and rec.runs < self.clear_runs:
+            self._emit(
+                EventKind.MORE_SAMPLES,
+                f"trial {rec.index}: clean run {rec.runs} of {self.clear_runs} needed "
+                f"(the bad state {self.crash.describe()})",
+                rec,
+            )
+            self._call(rec, 1)
 
     def measure(self, state: State, purpose: str) -> Verdict:
         """The verdict on ``state``, measuring it (once) if it is not cached."""
@@ -657,6 +752,7 @@ class _Engine:
         rec = self._start(state, purpose, self.repeats)
         while not rec.failure and self._judge().needs_more(rec.samples, self.max_samples):
             self._more(rec)
+        self._clear(rec)
         return self._finish(rec)
 
     def measure_many(self, requests: Sequence[tuple[State, str]]) -> list[Verdict]:
@@ -685,6 +781,7 @@ class _Engine:
                 break
             self._more_many(more)
         for rec in recs:
+            self._clear(rec)
             self._finish(rec)
 
     def trial(self, state: State) -> Trial:
@@ -702,9 +799,18 @@ class _Engine:
         )
         if good.untestable or bad.untestable:
             return self._unfaithful_endpoints(good, bad)
+        self._crash_regime(good, bad)
         if good.failure:
             return self._failed_good(good, bad)
         good.verdict, bad.verdict = self._settle_endpoints(good, bad)
+        if self.crash is None and self.on_failure == "bad":
+            if self.crash_runs and bad.verdict is not Verdict.BAD:
+                self._look_for_crash(bad)
+            if self._crashed(bad):  # in the runs above, or in the endpoints' more samples
+                self._crash_regime(good, bad)
+                if good.failure:
+                    return self._failed_good(good, bad)
+                good.verdict, bad.verdict = self._settle_endpoints(good, bad)
         self._finish_endpoint(good)
         self._finish_endpoint(bad)
         return self._not_reproduced(good, bad)

@@ -64,6 +64,9 @@ class TrialRecord:
     untestable: bool = False  # not realized as asked (e.g. "state not faithful: ...")
     worker: str | None = None  # the worker that measured it, when several ran
     round: int | None = None  # the search's round, when known
+    runs: int = 0  # processes run (a crash ends one)
+    crashes: int = 0
+    contended: tuple[bool, ...] = ()  # per sample: other processes loaded the machine
 
     @classmethod
     def from_event(cls, ev: dict[str, Any]) -> TrialRecord:
@@ -79,6 +82,9 @@ class TrialRecord:
             untestable=bool(ev.get("untestable")),
             worker=ev.get("worker"),
             round=ev.get("round"),
+            runs=int(ev.get("runs") or 0),
+            crashes=int(ev.get("crashes") or 0),
+            contended=tuple(bool(x) for x in ev.get("contended") or ()),
         )
 
     def merged(self, more: TrialRecord) -> TrialRecord:
@@ -93,6 +99,9 @@ class TrialRecord:
             untestable=self.untestable or more.untestable,
             worker=self.worker or more.worker,
             round=self.round if self.round is not None else more.round,
+            runs=self.runs + more.runs,
+            crashes=self.crashes + more.crashes,
+            contended=self.contended + more.contended,
         )
 
     def as_event(self) -> dict[str, Any]:
@@ -109,6 +118,8 @@ class TrialRecord:
             "untestable": self.untestable,
             **({"worker": self.worker} if self.worker is not None else {}),
             **({"round": self.round} if self.round is not None else {}),
+            **({"runs": self.runs, "crashes": self.crashes} if self.runs else {}),
+            **({"contended": list(self.contended)} if any(self.contended) else {}),
         }
 
 

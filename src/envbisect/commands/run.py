@@ -62,6 +62,14 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     show_default=True,
     help="A crash/timeout/OOM counts as slow (bad) or cannot-test (skip).",
 )
+@click.option(
+    "--crash-runs",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="When the bad state is not slow, run it up to N times looking for an intermittent "
+    "crash before calling it not reproduced (a crash that strikes 1 run in 8 needs ~24).",
+)
 @session_option
 @click.option(
     "--resume", is_flag=True, help="Continue the session (after an interruption, or to add trials)."
@@ -144,6 +152,7 @@ class RunFlags:
     max_trials: int | None
     timeout_s: float
     on_crash: str
+    crash_runs: int
     session_dir: str | None
     resume: bool
     fresh: bool
@@ -201,6 +210,7 @@ class RunFlags:
             max_trials=self.max_trials,
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
+            crash_runs=self.crash_runs,
         )
 
 

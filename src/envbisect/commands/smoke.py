@@ -69,6 +69,12 @@ def _load_config(config_path: str | None) -> Any:
     default=None,
     help="Timed windows after one warm-up, each a sample (default 1).",
 )
+@click.option(
+    "--cpu-threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="torch CPU threads on a CPU device (default: the cores free at start; tiny preset 1).",
+)
 @click.option("--device", default=None, help="auto, cpu, cuda, cuda:N.")
 @click.option("--steps", type=int, default=None, help="Timed steps.")
 @click.option("--warmup", type=int, default=None, help="Untimed warm-up steps.")

@@ -122,15 +122,9 @@ class CachesRealizer:
                 query.dirs.add(entry.path)
 
     def blocker(self, ctx: Context, key: str, old: Any, new: Any) -> str | None:
+        # A warm cache whose files are gone is no blocker: it is made again (see ``plan``).
         if key not in CACHE_ENV:
             return f"caches {key}: no environment variable points it elsewhere"
-        for side, value in (("good", old), ("bad", new)):
-            entry = CacheEntry.of(value)
-            if entry is not None and entry.warm and not ctx.facts().dirs.get(entry.path or ""):
-                return (
-                    f"caches {key}: the {side} state had a warm cache at "
-                    f"{entry.path} which no longer holds files"
-                )
         return None
 
     def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
@@ -146,7 +140,10 @@ class CachesRealizer:
             value = values[name][1]
             entry = CacheEntry.of(value)
             warm = (entry.path or "") if entry is not None and is_warm(value) else None
-            dirs.append(CacheDir(name, f"{sandbox.trial}/caches/{name}", warm))
+            # The recorded warm dir no longer holds files: warm is made by a run of the state.
+            fill = warm is not None and not ctx.facts().dirs.get(warm)
+            dest = f"{sandbox.trial}/caches/{name}"
+            dirs.append(CacheDir(name, dest, None if fill else warm, fill=fill))
             env[var] = dirs[-1].dest
         return replace(plan, caches=plan.caches + tuple(dirs)).with_env(env)
 

@@ -70,6 +70,7 @@ RESULT_KEYS = (
     "samples",
     "race",
     "compile_times",
+    "cpu",
     "elapsed_s",
 )
 
@@ -152,6 +153,11 @@ DEFAULTS = {
     "nested_fx": "error",
     "patch_module": None,  # a .py file imported before the drafters are built
     "samples": 1,  # timed windows of `steps` steps each, after one warm-up
+    # CPU threads of torch's intra-op pool on a CPU device: None sizes them to the cores
+    # this process may use (affinity) minus those busy at start; the tiny preset takes one
+    # (its ops are too small to share: with two threads every barrier waits on a thread
+    # another process descheduled). $OMP_NUM_THREADS, when set, is left as torch read it.
+    "cpu_threads": None,
 }
 
 COMPILE_UNITS = ("model", "layer", "flex")
@@ -1093,6 +1099,8 @@ def run(params):
         result["error"]["stage"] = "params"
         return _finish(result, t_start)
     _record_setup(result, p, lengths)
+    result["cpu"] = _set_cpu_threads(torch, p)
+    during = CpuWindow()
     try:
         dev_facts = _device_facts(torch, p["device"])
     except Exception as exc:
@@ -1100,6 +1108,10 @@ def run(params):
         return _finish(result, t_start)
     result["device"] = dev_facts
     outs, per_thread, recorded = _train_drafters(torch, p, lengths, result)
+    busy = during.others_busy_cores()
+    result["cpu"].update(
+        load_end=_loadavg(), busy_cores_during=None if busy is None else round(busy, 2)
+    )
     _record_compile_facts(result, torch, p, outs, recorded)
     errors = _record_threads(result, outs, per_thread)
     losses = outs[0].get("losses") or []
@@ -1119,6 +1131,94 @@ def run(params):
             "message": f"loss became {losses[-1]!r}",
         }
     return _finish(result, t_start)
+
+
+# ----------------------------------------------------------------------------- CPU threads
+
+
+def _cpu_jiffies():
+    """(busy, total) jiffies of all CPUs from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+def _own_cpu_s():
+    """CPU seconds used by this process so far (all its threads)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class CpuWindow:
+    """The CPU time other processes used while this one ran: /proc/stat's busy time minus
+    this process's own, in cores (1.0: one core busy all along)."""
+
+    def __init__(self):
+        self.start = _cpu_jiffies()
+        self.own = _own_cpu_s()
+        self.t0 = time.monotonic()
+
+    def others_busy_cores(self):
+        end = _cpu_jiffies()
+        wall = time.monotonic() - self.t0
+        if self.start is None or end is None or wall <= 0:
+            return None
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        busy_s = (end[0] - self.start[0]) / float(hz)
+        others = busy_s - (_own_cpu_s() - self.own)
+        return max(0.0, others / wall)
+
+
+def _affinity():
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _loadavg():
+    try:
+        with open("/proc/loadavg", encoding="ascii") as fh:
+            return float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def size_cpu_threads(p, usable, busy_cores, omp_env):
+    """(threads, why) for torch's CPU pool: asked for, $OMP_NUM_THREADS, one for the tiny
+    preset, else the usable cores minus those other processes keep busy (at least one)."""
+    if p.get("cpu_threads"):
+        return int(p["cpu_threads"]), "asked (--cpu-threads)"
+    if omp_env:
+        return None, "OMP_NUM_THREADS=" + omp_env
+    if p["preset"] == "tiny":
+        return 1, "tiny preset: one thread (its ops are too small to share)"
+    busy = int(round(busy_cores or 0.0))
+    free = max(1, usable - busy)
+    return free, f"{usable} usable cores, {busy} busy at start"
+
+
+def _set_cpu_threads(torch, p):
+    """Size torch's CPU threads before anything runs; what was seen and chosen."""
+    window = CpuWindow()
+    time.sleep(0.2)  # a short look at /proc/stat: what other processes are doing now
+    busy = window.others_busy_cores()
+    affinity = _affinity()
+    threads, why = size_cpu_threads(p, len(affinity), busy, os.environ.get("OMP_NUM_THREADS"))
+    if threads is not None and p["device"] == "cpu":
+        torch.set_num_threads(threads)
+    return {
+        "threads": int(torch.get_num_threads()),
+        "why": why,
+        "affinity": affinity,
+        "cores": os.cpu_count(),
+        "load_start": _loadavg(),
+        "busy_cores_start": None if busy is None else round(busy, 2),
+    }
 
 
 def _record_versions(result, torch):
@@ -1196,7 +1296,8 @@ def _train_drafters(torch, p, lengths, result):
             log(
                 f"preset {p['preset']} on {result['device'].get('name')}: attn={p['attn']} "
                 f"compile={p['compile']} ({p['compile_unit']}) threads={n_threads} "
-                f"masks={p['mask_build']} samples={p['samples']}"
+                f"masks={p['mask_build']} samples={p['samples']} "
+                f"cpu threads={(result.get('cpu') or {}).get('threads')}"
             )
             _build_and_train(torch, p, lengths, trainers, outs)
         except BaseException as exc:  # a patch module that fails to import, say
@@ -1541,6 +1642,7 @@ def build_arg_parser():
     ap.add_argument("--mask-compile", choices=["auto", "on", "off"], default=None)
     ap.add_argument("--patch-module", default=None, help="a .py file imported first")
     ap.add_argument("--samples", type=int, default=None, help="timed windows after warm-up")
+    ap.add_argument("--cpu-threads", type=int, default=None, help="torch CPU threads (CPU runs)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--peak-tflops", type=float, default=None)

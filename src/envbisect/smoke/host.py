@@ -142,6 +142,14 @@ def summary_lines(outcome: SmokeOutcome) -> list[str]:
     elif mem.get("peak_rss_bytes") is not None:
         facts.append(f"peak RSS {mem['peak_rss_bytes'] / 2**20:.0f} MiB")
     lines.append("  " + "; ".join(facts))
+    cpu = r.get("cpu") or {}
+    if dev.get("type") == "cpu" and cpu:
+        lines.append(
+            f"  cpu: {cpu.get('threads')} torch thread(s) ({cpu.get('why')}); "
+            f"{len(cpu.get('affinity') or [])} usable cores; other processes busy "
+            f"{cpu.get('busy_cores_start')} cores at start, {cpu.get('busy_cores_during')} "
+            f"during; load {cpu.get('load_start')} → {cpu.get('load_end')}"
+        )
     for t in (r.get("threads") or {}).get("per_thread") or []:
         if (r.get("threads") or {}).get("count", 1) < 2:
             break

@@ -1,0 +1,272 @@
+"""How busy the machine is: what other processes take from the CPUs and GPUs while a trial
+measures, so that samples taken under contention are flagged and said.
+
+Read from the kernel and the driver, never guessed: CPU time from ``/proc/stat`` (all
+processes) minus this process's own and its children's (``os.times``), the load average
+from ``/proc/loadavg``, the busiest other processes from ``/proc/<pid>/stat``, and other
+processes on the GPUs from ``nvidia-smi --query-compute-apps`` where it is installed. On a
+machine without ``/proc`` every CPU figure is None and nothing is flagged.
+
+Public API:
+
+- ``Contention``: one window's reading (``contended``, ``describe()``, ``as_dict()``).
+- ``Window.start()`` / ``Window.finish()``: the reading of one trial's run.
+- ``probe(seconds)``: a short look at the machine, with the other processes named (the
+  warning a run gives once at its start: ``busy_warning``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Other processes taking this much CPU on average (in cores) make a sample contended: on
+# a 2-core box, half a core elsewhere already moves the tiny preset (benchmarks/RESULTS.md).
+CONTENDED_CORES = 0.5
+# A process named in the warning takes at least this much of a core.
+NAMED_CORES = 0.25
+_PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another process and the cores it kept busy (1.0: one core all along)."""
+
+    pid: int
+    name: str
+    cores: float
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What other processes took while a window was open."""
+
+    cores: int  # CPUs this process may use
+    others_cores: float | None  # CPU time of other processes / wall time, in cores
+    load1: float | None  # the 1-minute load average at the end
+    gpu_others: tuple[str, ...] = ()  # "pid 123 python" of other processes on a GPU
+    top: tuple[Busy, ...] = field(default_factory=tuple)  # the busiest others (probe only)
+
+    @property
+    def contended(self) -> bool:
+        """True when other processes took at least ``CONTENDED_CORES`` or hold a GPU."""
+        cpu = self.others_cores is not None and self.others_cores >= CONTENDED_CORES
+        return cpu or bool(self.gpu_others)
+
+    def describe(self) -> str:
+        """``1 of 2 cores is 100% busy (pid 4242 sh)``; GPU users after a semicolon."""
+        parts = []
+        if self.others_cores is not None and self.others_cores >= CONTENDED_CORES:
+            n = max(1, round(self.others_cores))
+            pct = min(100, round(100 * self.others_cores / n))
+            verb = "cores is" if n == 1 else "cores are"  # "1 of 2 cores is ..."
+            who = ", ".join(f"pid {b.pid} {b.name}" for b in self.top[:3])
+            parts.append(f"{n} of {self.cores} {verb} {pct}% busy" + (f" ({who})" if who else ""))
+        if self.gpu_others:
+            parts.append("other processes on the GPU (" + ", ".join(self.gpu_others) + ")")
+        return "; ".join(parts) if parts else "quiet"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cores": self.cores,
+            "others_cores": None if self.others_cores is None else round(self.others_cores, 2),
+            "load1": self.load1,
+            "contended": self.contended,
+        }
+        if self.gpu_others:
+            out["gpu_others"] = list(self.gpu_others)
+        if self.top:
+            out["top"] = [
+                {"pid": b.pid, "name": b.name, "cores": round(b.cores, 2)} for b in self.top
+            ]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Contention:
+        return cls(
+            cores=int(d.get("cores") or 1),
+            others_cores=d.get("others_cores"),
+            load1=d.get("load1"),
+            gpu_others=tuple(d.get("gpu_others") or ()),
+        )
+
+
+def _hz() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _busy_s() -> float | None:
+    """CPU seconds all processes have been busy since boot (``/proc/stat``'s first line)."""
+    try:
+        first = (_PROC / "stat").read_text(encoding="ascii").split("\n", 1)[0]
+        fields = [int(x) for x in first.split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / _hz()
+
+
+def _ours_s() -> float:
+    """CPU seconds of this process and of its children that have been waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _load1() -> float | None:
+    try:
+        return float((_PROC / "loadavg").read_text(encoding="ascii").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = (_PROC / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_ours(pid: int, me: int | None = None) -> bool:
+    """True when ``pid`` is this process or one of its descendants."""
+    me = os.getpid() if me is None else me
+    seen = 0
+    while pid and pid > 1 and seen < 64:
+        if pid == me:
+            return True
+        parent = _parent(pid)
+        if parent is None:
+            return False
+        pid, seen = parent, seen + 1
+    return False
+
+
+def gpu_others() -> tuple[str, ...]:
+    """Other processes on a GPU (``pid N name``), per nvidia-smi; () without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ()
+    try:
+        proc = subprocess.run(
+            [exe, "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    out = []
+    for line in proc.stdout.splitlines():
+        pid_s, _, name = line.partition(",")
+        if pid_s.strip().isdigit() and not is_ours(int(pid_s)):
+            out.append(f"pid {pid_s.strip()} {os.path.basename(name.strip())}")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Window:
+    """An open reading: started before a run, finished after it."""
+
+    t0: float
+    busy0: float | None
+    ours0: float
+
+    @classmethod
+    def start(cls) -> Window:
+        return cls(time.monotonic(), _busy_s(), _ours_s())
+
+    def others_cores(self) -> float | None:
+        busy = _busy_s()
+        wall = time.monotonic() - self.t0
+        if busy is None or self.busy0 is None or wall <= 0:
+            return None
+        return max(0.0, (busy - self.busy0 - (_ours_s() - self.ours0)) / wall)
+
+    def finish(self, *, gpus: bool = True) -> Contention:
+        """What other processes took since ``start`` (GPU users as seen now)."""
+        return Contention(
+            cores=usable_cores(),
+            others_cores=self.others_cores(),
+            load1=_load1(),
+            gpu_others=gpu_others() if gpus else (),
+        )
+
+
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """pid → (name, CPU seconds) of every process we may read."""
+    out: dict[int, tuple[str, float]] = {}
+    hz = _hz()
+    try:
+        entries = [e for e in os.listdir(_PROC) if e.isdigit()]
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            stat = (_PROC / entry / "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:
+            continue
+        name = stat[stat.find("(") + 1 : stat.rfind(")")]
+        rest = stat.rsplit(")", 1)[1].split()
+        try:
+            out[int(entry)] = (name, (int(rest[11]) + int(rest[12])) / hz)
+        except (ValueError, IndexError):
+            continue
+    return out
+
+
+def probe(seconds: float = 0.5, min_cores: float = NAMED_CORES) -> Contention:
+    """A short look at the machine now, naming the other processes that took at least
+    ``min_cores`` (busiest first; the warning names three)."""
+    window = Window.start()
+    before = _process_cpu()
+    time.sleep(seconds)  # the window measured: CPU time accrues in it
+    after = _process_cpu()
+    reading = window.finish()
+    wall = max(time.monotonic() - window.t0, 1e-6)
+    me = os.getpid()
+    top = []
+    for pid, (name, cpu) in after.items():
+        was = before.get(pid)
+        if was is None or pid == me:
+            continue
+        cores = (cpu - was[1]) / wall
+        if cores >= min_cores and not is_ours(pid, me):
+            top.append(Busy(pid, name, cores))
+    top.sort(key=lambda b: -b.cores)
+    return Contention(
+        cores=reading.cores,
+        others_cores=reading.others_cores,
+        load1=reading.load1,
+        gpu_others=reading.gpu_others,
+        top=tuple(top),
+    )
+
+
+def busy_warning(reading: Contention) -> str | None:
+    """The one line a run prints at its start when the machine is busy, else None."""
+    if not reading.contended:
+        return None
+    noisy = []
+    if reading.others_cores is not None and reading.others_cores >= CONTENDED_CORES:
+        noisy.append("CPU")
+    if reading.gpu_others:
+        noisy.append("GPU")
+    return f"{reading.describe()}: {' and '.join(noisy)} throughput will be noisy"
