@@ -171,7 +171,8 @@ def test_git_worktree_files_and_env(tmp_path: Path) -> None:
         assert (state.cwd / "knob.txt").read_text() == "1\n"
         assert loose.read_bytes() == b"fast\n"  # swapped in place, journaled
         assert state.env["EB_SLOW"] == "8"
-        assert state.env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(trial))
+        # No cache changed: none is redirected (or copied); trials use the machine's.
+        assert "TORCHINDUCTOR_CACHE_DIR" not in state.env
         assert state.map_argv([str(repo / "train.py"), "-x"]) == [
             str(state.cwd / "train.py"),
             "-x",
@@ -285,17 +286,23 @@ def test_caches_warm_is_a_copy_cold_is_empty_and_the_users_cache_is_untouched(
     before = tree_hashes(cache)
     warm = {"path": str(cache), "exists": True, "files": 1, "bytes": 9}
     cold = {"path": str(cache), "exists": True, "files": 0, "bytes": 0}
-    good = manifest(tmp_path / "good.yaml", caches={"inductor": warm})
-    bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold})
+    triton = {"path": str(tmp_path / "triton"), "exists": True, "files": 1, "bytes": 5}
+    good = manifest(tmp_path / "good.yaml", caches={"inductor": warm, "triton": triton})
+    bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold, "triton": triton})
     act = _actuator(tmp_path, good, bad, "python3")
     assert act.blockers() == {}
     with act.realize(frozenset(), {}, tmp_path / "t1") as state:
+        # triton did not change: used where the snapshot found it, never copied
+        assert state.env["TRITON_CACHE_DIR"] == triton["path"]
+        assert not (tmp_path / "t1" / "caches" / "triton").exists()
         sandbox = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
         assert sandbox != cache and (sandbox / "fx" / "graph").read_text() == "compiled\n"
         (sandbox / "fx" / "new").write_text("written by the trial\n")
-        assert Path(state.env["TRITON_CACHE_DIR"]).is_dir()
+    assert not sandbox.exists()  # the copy goes when the trial ends
     with act.realize(frozenset({"caches:inductor"}), {}, tmp_path / "t2") as state:
-        assert list(Path(state.env["TORCHINDUCTOR_CACHE_DIR"]).iterdir()) == []
+        cold_dir = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
+        assert list(cold_dir.iterdir()) == []
+    assert not cold_dir.exists()
     assert tree_hashes(cache) == before
     # A warm state whose recorded cache is gone is still bisected: its dir starts empty and
     # the state says that warm is to be made by a run of it (the runner does that run).
@@ -421,8 +428,9 @@ def test_remote_caches_data_and_blockers_are_decided_on_the_target(tmp_path: Pat
         sandbox = Path(state.env["TORCHINDUCTOR_CACHE_DIR"])
         assert str(sandbox).startswith(f"{home}/.envbisect/session-")
         assert (sandbox / "fx" / "graph").read_text() == "compiled\n"
-        assert Path(state.env["TRITON_CACHE_DIR"]).is_dir()
+        assert "TRITON_CACHE_DIR" not in state.env  # not recorded: not redirected
         assert state.map_argv(["--data", str(data)]) == ["--data", str(old)]
+    assert not sandbox.exists()  # removed there when the trial ended
     with act.realize(frozenset({"caches:inductor", f"data:{data}"}), {}, tmp_path / "t2") as s2:
         assert list(Path(s2.env["TORCHINDUCTOR_CACHE_DIR"]).iterdir()) == []
         assert s2.map_argv([str(data)]) == [str(data)]
@@ -435,3 +443,37 @@ def test_remote_caches_data_and_blockers_are_decided_on_the_target(tmp_path: Pat
     with act2.realize(frozenset(), {}, tmp_path / "t3") as s3:
         assert s3.fill == ("inductor",)
         assert list(Path(s3.env["TORCHINDUCTOR_CACHE_DIR"]).iterdir()) == []
+
+
+def test_untracked_entries_are_linked_into_a_fresh_worktree(tmp_path: Path) -> None:
+    """Data and local configs the repo does not track are in every worktree state, as
+    links; a directory holding a file the state writes is made real down to it, so the
+    write never reaches the live repo; bytecode is never linked."""
+    from envbisect.agent import actuate_remote
+    from tests.helpers_run import commit_all, git, init_repo
+
+    repo = init_repo(tmp_path / "repo")
+    (repo / "train.py").write_text("print(1)\n")
+    (repo / ".gitignore").write_text("data/\n")
+    head = commit_all(repo, "first")
+    (repo / "data" / "cfg").mkdir(parents=True)
+    (repo / "data" / "x.jsonl").write_text("{}\n")
+    (repo / "data" / "cfg" / "knob.txt").write_text("live\n")
+    (repo / "local.yaml").write_text("lr: 1\n")
+    (repo / "__pycache__").mkdir()
+    wt = tmp_path / "wt"
+    knob = str(wt / "data" / "cfg" / "knob.txt")
+    out = actuate_remote.apply(
+        {"worktrees": [[str(repo), head, str(wt)]], "swaps": [{"path": knob, "sha256": None}]},
+        put=lambda _t, _c: None,
+        record=lambda _r, _p: None,
+    )
+    assert out["failure"] is None
+    assert (wt / "local.yaml").is_symlink() and (wt / "local.yaml").read_text() == "lr: 1\n"
+    assert (wt / "data").is_dir() and not (wt / "data").is_symlink()
+    assert (wt / "data" / "x.jsonl").is_symlink()
+    assert not (wt / "data" / "cfg" / "knob.txt").exists()  # the state has it absent
+    assert not (wt / "__pycache__").exists()
+    assert (repo / "data" / "cfg" / "knob.txt").read_text() == "live\n"
+    git(repo, "worktree", "remove", "--force", str(wt))
+    assert (repo / "data" / "x.jsonl").read_text() == "{}\n"

@@ -159,7 +159,9 @@ def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path:
     assert sc.fingerprint() == before
 
 
-def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None:
+def test_git_culprit_is_narrowed_to_the_first_bad_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sc = Scenario(tmp_path)
     sc.venv("ebwork==1.0")
     sc.commit("docs")
@@ -179,6 +181,7 @@ def test_git_culprit_is_narrowed_to_the_first_bad_commit(tmp_path: Path) -> None
     git_dir.mkdir()
     (git_dir / "train.py").write_text((sc.repo / "train.py").read_text())
     threshold = run_workload(sc.python, git_dir / "train.py") / SLOWDOWN**0.5
+    monkeypatch.chdir(sc.repo)  # `python train.py` as typed inside the repo
     res, doc = _run_cli(
         sc, "--until-ktoks", f"{threshold:.0f}", "--repeats", "3", smoke=("python", "train.py")
     )
@@ -690,7 +693,8 @@ def test_trial_logs_say_how_each_run_ran(tmp_path: Path, monkeypatch: pytest.Mon
     assert "EB_SECRET_TOKEN" not in json.dumps(call["env_diff"])  # unchanged: not a diff
     assert call["interpreter"].endswith("/bin/python") and call["cwd"] == str(Path.cwd())
     run = call["runs"][0]
-    assert run["argv"] == ["python", str(sc.repo / "train.py")]
+    # The typed `python` is the state's interpreter, never the first on PATH.
+    assert run["argv"] == [call["interpreter"], str(sc.repo / "train.py")]
     assert run["program"].endswith("/bin/python") and run["exit_status"] == 0
     assert run["wall_s"] > 0 and run["tok_per_s"] == pytest.approx(bad_endpoint["samples"][0])
     for t in doc["trials"]:

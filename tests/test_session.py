@@ -71,6 +71,19 @@ def test_journal_restores_after_kill_9_of_the_swapping_process(tmp_path: Path) -
     assert session.finished()
 
 
+def test_reset_removes_every_trials_cache_dir_and_keeps_the_logs(tmp_path: Path) -> None:
+    """A run killed mid-trial never removed that trial's cache copy: reset does."""
+    s = Session.start(tmp_path / "s", {"good": "g", "bad": "b"})
+    for n in (1, 2):
+        (s.trial_dir(n) / "caches" / "inductor" / "fx").mkdir(parents=True)
+        (s.trial_dir(n) / "caches" / "inductor" / "fx" / "graph").write_bytes(b"x" * 4096)
+        (s.trial_dir(n) / "run-1.stdout").write_text("12 tok/s\n")
+    report = s.reset()
+    assert not list(s.root.glob("trials/*/caches"))
+    assert {p.name for p in report.removed} == {"caches"}
+    assert (s.trial_dir(1) / "run-1.stdout").read_text() == "12 tok/s\n"
+
+
 def test_torn_last_line_is_ignored_and_trials_round_trip(tmp_path: Path) -> None:
     s = Session.start(tmp_path / "s", {"threshold": 1000.0})
     rec = TrialRecord(

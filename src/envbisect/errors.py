@@ -52,6 +52,11 @@ class SmokeError(EnvBisectError):
     """The smoke test could not be started or its result could not be read."""
 
 
+class CommandFailed(SmokeError):
+    """The user's command cannot run: it fails at start in the good state, or the same way
+    in both endpoints (said in its own words, before anything is bisected)."""
+
+
 class SessionError(EnvBisectError):
     """A bisection session directory is missing, locked or inconsistent."""
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from envbisect.argvmap import PathMapper
 from envbisect.failure import Failure
 from envbisect.manifest import Manifest
 
@@ -112,6 +113,7 @@ class Sandbox:
     cwd: Path | None  # the cwd when no worktree maps it (None: the target's default)
     path: str  # the PATH a python's bin directory is put in front of
     in_venv: bool  # the target python's prefix is a venv (pyvenv.cfg)
+    local: bool = True  # the target is this machine: ``origin`` is a path there
 
 
 @dataclass(frozen=True)
@@ -172,17 +174,24 @@ class Placement:
     env: Mapping[str, str]
     cwd: Path | None = None
     path_map: tuple[tuple[str, str], ...] = ()
+    origin: str | None = None  # where the user ran envbisect (local targets only)
+
+    @property
+    def mapper(self) -> PathMapper:
+        """How paths of the user's command become the state's (``envbisect.argvmap``)."""
+        cwd = str(self.cwd) if self.cwd is not None else None
+        return PathMapper(self.path_map, self.origin, cwd)
 
     def map_argv(self, argv: Sequence[str]) -> list[str]:
-        """argv with paths of repos/datasets rewritten to the state's worktree/data."""
-        out = []
-        for arg in argv:
-            for old, new in self.path_map:
-                if arg == old or arg.startswith(old.rstrip("/") + "/"):
-                    arg = new + arg[len(old) :]
-                    break
-            out.append(arg)
-        return out
+        """Absolute paths of repos/datasets rewritten to the state's worktree/data (what
+        the state check expects where; the user's command goes through ``command_argv``)."""
+        mapper = PathMapper(self.path_map)
+        return [mapper.word(arg) for arg in argv]
+
+    def command_argv(self, argv: Sequence[str]) -> list[str]:
+        """The user's command in this state: every path mapped (``--opt=path``, shell
+        ``-c`` scripts), a bare ``python`` replaced by the state's interpreter."""
+        return self.mapper.argv(argv, self.python)
 
 
 @dataclass(frozen=True)
@@ -244,11 +253,14 @@ def make_plan(
 ) -> Plan:
     """The plan of one state: every realizer's part, in :func:`realizers` order, on top of
     the environment ``env`` trials start from."""
-    plan = Plan(python=ctx.python, env=dict(env), cwd=sandbox.cwd)
+    origin = str(sandbox.origin) if sandbox.local else None
+    plan = Plan(python=ctx.python, env=dict(env), cwd=sandbox.cwd, origin=origin)
     for section, realizer in realizers().items():
         mine = {key: v for (s, key), v in values.items() if s == section}
         plan = realizer.plan(ctx, sandbox, mine, plan)
         if plan.failure:
             return plan
     # Longest prefixes first, so a dataset inside a repo wins over the repo.
-    return replace(plan, path_map=tuple(sorted(plan.path_map, key=lambda p: -len(p[0]))))
+    plan = replace(plan, path_map=tuple(sorted(plan.path_map, key=lambda p: -len(p[0]))))
+    # PYTHONPATH names the state's packages too (``python -m pkg.mod`` from elsewhere).
+    return replace(plan, env=plan.mapper.env(plan.env))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envbisect import contention, probed
+from envbisect import cmdcheck, contention, probed
 from envbisect import manifest as mf
 from envbisect.agent.bundle import build_bundle, find_frame
 from envbisect.agent.redact import redact_env as redact_value
@@ -51,7 +51,13 @@ from envbisect.bisect.search import (
 )
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
-from envbisect.errors import EnvBisectError, Interrupted, TransportError, UsageError
+from envbisect.errors import (
+    CommandFailed,
+    EnvBisectError,
+    Interrupted,
+    TransportError,
+    UsageError,
+)
 from envbisect.facts import explain as explain_facts
 from envbisect.facts import from_drafter
 from envbisect.failure import Failure, FailureKind
@@ -338,6 +344,8 @@ class CheckResult:
     samples: tuple[float, ...]
     failure: Failure | None
     log_dir: Path | None
+    # When it failed: the command's own first error line and how it ran (cmdcheck).
+    detail: str | None = None
 
     @property
     def median(self) -> float | None:
@@ -394,7 +402,8 @@ def check(
             name=f"run-{k}",
             samples=repeats - len(samples),
         )
-        m = run_once(smoke, spec)
+        runs: list[RunLog] = []
+        m = run_once(smoke, spec, record=runs.append)
         if not m.ok:
             failure = m.failure
             break
@@ -402,7 +411,21 @@ def check(
     if failure is None:
         shutil.rmtree(log_dir, ignore_errors=True)
         return CheckResult(threshold, tuple(samples), None, None)
-    return CheckResult(threshold, tuple(samples), failure, log_dir)
+    detail = None
+    if runs and not smoke.builtin:
+        last = runs[-1]
+        facts = cmdcheck.RunFacts(
+            argv=last.launch.argv,
+            cwd=Path.cwd(),
+            interpreter=last.launch.program or python,
+            started=last.launch.started,
+            exit_status=last.launch.exit_status,
+            stdout=last.launch.stdout.decode("utf-8", "replace"),
+            stderr=last.launch.stderr.decode("utf-8", "replace"),
+            failure=failure or Failure.crash("?"),
+        )
+        detail = cmdcheck.message("current", facts)
+    return CheckResult(threshold, tuple(samples), failure, log_dir, detail)
 
 
 # ----------------------------------------------------------------------------- run
@@ -699,6 +722,7 @@ class _TrialRunner:
         self.fill_writes_nothing = False  # a filling run left its cache dirs empty
         self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
+        self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
 
     def __call__(self, state: State, n: int) -> Outcome:
         return self.measure(state, n)
@@ -745,7 +769,27 @@ class _TrialRunner:
                 work.failure,
             )
             _write_trial_log(work.trial_dir, index, sorted(work.applied), work.positions, call)
-        return self._log(work, key, index)
+        outcome = self._log(work, key, index)
+        self._endpoint_guard(work, realized)
+        return outcome
+
+    def _endpoint_guard(self, work: _TrialWork, realized: Realized) -> None:
+        """Stop the run, in the command's own words, when the good endpoint cannot run the
+        command or both endpoints fail the same way (``envbisect.cmdcheck``)."""
+        if work.failure is None or work.untestable or work.positions or not work.runs:
+            return
+        run = _run_facts(work, realized.python, realized.origin)
+        if not work.applied:
+            self.endpoint_runs["good"] = run
+            if cmdcheck.good_stops(run):
+                raise CommandFailed(cmdcheck.message("good", run))
+        elif len(work.applied) == self.n_units:
+            self.endpoint_runs["bad"] = run
+            if cmdcheck.no_metric(run.failure) and "good" not in self.endpoint_runs:
+                raise CommandFailed(cmdcheck.message("bad", run))
+        good, bad = self.endpoint_runs.get("good"), self.endpoint_runs.get("bad")
+        if good is not None and bad is not None and cmdcheck.same_failure(good, bad):
+            raise CommandFailed(cmdcheck.message("good", good, both=True))
 
     def _claim(self, key: str) -> tuple[TrialRecord | None, int]:
         """The logged trial of this state to replay, or the trial number to measure it as."""
@@ -812,6 +856,8 @@ class _TrialRunner:
         if work.failure is None:
             endpoint = not work.applied or len(work.applied) == self.n_units
             work.failure = self._sample(work, realized, endpoint)
+            # No number is no verdict (as in check), whatever --on-crash says.
+            work.untestable = cmdcheck.no_metric(work.failure) and not endpoint
         if work.cancelled():
             raise KeyboardInterrupt
         return realized
@@ -945,7 +991,7 @@ class _TrialRunner:
             timeout_s=self.o.timeout_s,
             log_dir=work.trial_dir,
             name=name,
-            argv_map=realized.map_argv,
+            argv_map=realized.command_argv,
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )
@@ -964,6 +1010,23 @@ class _TrialRunner:
         if self.after_run is not None and work.worker is not None:
             m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
         return m
+
+
+def _run_facts(work: _TrialWork, python: str, origin: str | None) -> cmdcheck.RunFacts:
+    """The last run of a failed trial, as ``cmdcheck`` judges it."""
+    last = work.runs[-1]
+    return cmdcheck.RunFacts(
+        argv=last.launch.argv,
+        cwd=last.cwd,
+        interpreter=python,
+        started=last.launch.started,
+        exit_status=last.launch.exit_status,
+        stdout=last.launch.stdout.decode("utf-8", "replace"),
+        stderr=last.launch.stderr.decode("utf-8", "replace"),
+        failure=Failure.of(work.failure) or Failure.crash("?"),
+        log_dir=work.trial_dir,
+        origin=origin,
+    )
 
 
 def _wrote_into(realized: Realized, transport: Transport) -> bool | None:
@@ -1616,6 +1679,9 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
         (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
         None,
     )
+    failed = _failed_confirmation(result, culprits, numbers) if outcome == "found" else None
+    if failed is not None:
+        outcome, message, culprits = "unconfirmed", failed, ()
     return replace(
         context.result(outcome=outcome, threshold=result.threshold, message=message),
         culprits=culprits,
@@ -1625,6 +1691,27 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
         bad_median=bad_med,
         noise=result.noise,
     )
+
+
+def _failed_confirmation(
+    result: SearchResult, culprits: Sequence[Culprit], numbers: Mapping[str, int]
+) -> str | None:
+    """Why no culprit may be named although one was isolated: the state with everything but
+    it gave no number (a crash, no metric), so nothing shows that reverting it restores
+    speed. None when every culprit's confirmation ran."""
+    full = frozenset(u for t in result.trials for u in t.state.applied)
+    by_state = {t.state.applied: t for t in result.trials if not t.state.positions}
+    for c in culprits:
+        units = frozenset([c.unit.id, *c.together_with])
+        without = by_state.get(full - units)
+        if without is None or not without.failure or not (full - units):
+            continue
+        return (
+            f"{' + '.join(sorted(units))} looked guilty, but the confirmation with everything "
+            f"but it (trial {_trial_number(without, numbers)}) failed ({without.failure}): "
+            "no culprit is named; see that trial's log"
+        )
+    return None
 
 
 def _culprits(
@@ -1694,6 +1781,32 @@ def _target_args(options: RunOptions) -> tuple[str, ...]:
     for layer in options.transport.layers:
         words += ["--via", layer.describe()]
     return tuple(words)
+
+
+def good_command_line(options: RunOptions) -> str:
+    """``run --print-command``: the whole command the good state runs — its cwd, how its
+    environment differs from this one, its interpreter and argv as mapped into the state
+    (worktree paths are where the run makes them). Nothing is realized."""
+    import shlex
+
+    from envbisect.diff import diff_manifests
+
+    good = mf.load(options.good)
+    saved = options.session_dir / "bad.yaml"
+    bad_path = options.bad or (saved if saved.exists() else None)
+    bad = mf.load(bad_path) if bad_path is not None else good
+    data_map = dict(getattr(options.config, "data_map", {}) or {})
+    diff = diff_manifests(good, bad, data_map=data_map)
+    act = _actuator(options, good, bad, diff, Session(options.session_dir), _quiet)
+    plan = act.preview(frozenset(), options.session_dir / "trials" / "001")
+    if plan.failure:
+        raise UsageError(f"the good state cannot be realized: {plan.failure}")
+    changed = env_diff(plan.env)
+    words = ["env", *(w for k in changed["unset"] for w in ("-u", k))]
+    words += [f"{k}={v}" for k, v in changed["set"].items()]
+    command = shlex.join([*words, *plan.command_argv(options.smoke.argv)])
+    cwd = plan.cwd or options.cwd or Path.cwd()
+    return f"cd {shlex.quote(str(cwd))} && {command}"
 
 
 def validate_options(options: RunOptions) -> None:

@@ -14,6 +14,7 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
               restoring any swap a dead process left open); the work itself is
               :func:`apply`
     restore   put back every journaled swap (idempotent; after every trial and on exit)
+    drop      remove a finished trial's cache dirs
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
 
 Local targets run the same code in the host process (``bisect.execute.LocalExecutor``):
@@ -365,6 +366,18 @@ def op_restore(params):
     return {"restored": done, "kept": kept}
 
 
+def drop_dirs(paths):
+    """Remove a trial's cache dirs (copies and fresh ones) once the trial is over."""
+    for path in paths:
+        if os.path.lexists(path):
+            shutil.rmtree(path, ignore_errors=True)
+    return {"dropped": list(paths)}
+
+
+def op_drop(params):
+    return drop_dirs(params.get("paths") or ())
+
+
 def _release_all(root):
     paths = sorted(
         {
@@ -394,6 +407,41 @@ def _worktree(repo, head, path, where, record, log):
     if proc.returncode != 0:
         return f"build: git {repo}: cannot check out {head[:12]}{where}: {_tail(proc.stderr)}"
     return None
+
+
+# Untracked entries never linked into a worktree: bytecode of the live sources (a trial
+# would write its own through the link), and envbisect's own session directory.
+_NOT_LINKED = ("__pycache__", ".envbisect")
+
+
+def _link_untracked(repo, path, keep):
+    """Link into the fresh worktree ``path`` every untracked (or ignored) entry of the live
+    ``repo``: datasets, local configs, checkpoints a command reads are not in any commit, so
+    a state of the repo has them as the user's tree has them (no state changes them: a
+    tracked file is the commit's, a recorded file is swapped in). Symlinks cost nothing and
+    copy nothing; a directory holding a path in ``keep`` (a file the state writes) is made
+    real down to it so that the write never goes through a link into the live repo."""
+    proc = _git(repo, "ls-files", "-z", "--others", "--directory")
+    if proc.returncode != 0:
+        return
+    for rel in proc.stdout.split("\0"):
+        rel = rel.rstrip("/")
+        if not rel or any(part in _NOT_LINKED for part in rel.split("/")):
+            continue
+        _link_entry(os.path.join(repo, rel), os.path.join(path, rel), keep)
+
+
+def _link_entry(live, dest, keep):
+    if dest in keep or os.path.lexists(dest):
+        return
+    prefix = dest + os.sep
+    if os.path.isdir(live) and not os.path.islink(live) and any(k.startswith(prefix) for k in keep):
+        os.makedirs(dest, exist_ok=True)
+        for name in sorted(os.listdir(live)):
+            _link_entry(os.path.join(live, name), os.path.join(dest, name), keep)
+        return
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    os.symlink(live, dest)
 
 
 def _content(item):
@@ -487,10 +535,16 @@ def apply(params, put, record, log=None):
     targets, which call it in-process with the host's journal as ``put`` and the session
     log as ``record`` (see ``bisect.actuate``); ``log`` gets git's messages."""
     where = params.get("where", " on the target")
+    created = []
     for repo, head, path in params.get("worktrees") or ():
+        if not os.path.exists(path):
+            created.append((repo, path))
         failure = _worktree(repo, head, path, where, record, log)
         if failure:
             return {"failure": failure, "notes": []}
+    swapped = set(item["path"] for item in params.get("swaps") or ())
+    for repo, path in created:
+        _link_untracked(repo, path, swapped)
     failure = _swaps(params.get("swaps") or (), put)
     if failure:
         return {"failure": failure, "notes": []}
@@ -561,5 +615,6 @@ _OPS = {
     "venv": op_venv,
     "realize": op_realize,
     "restore": op_restore,
+    "drop": op_drop,
     "cleanup": op_cleanup,
 }

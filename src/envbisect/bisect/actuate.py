@@ -35,10 +35,11 @@ env
     hash matches) and the good state is unset or a plain value, otherwise it is not bisected
     and the reason says so.
 caches
-    cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/``TRITON_CACHE_DIR`` under the trial
-    dir; warm = a copy of the recorded dir (the user's own cache is never written to).
-    Caches that are not part of any unit are still copied into the sandbox for the same
-    reason. A warm state whose recorded dir is gone cannot be realized: said plainly.
+    A cache that is part of the diff: cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/
+    ``TRITON_CACHE_DIR`` under the trial dir; warm = a copy of the recorded dir (the user's
+    own cache is never written to); either is removed when the trial ends. A cache that did
+    not change is used where the snapshot found it, never copied. A warm state whose
+    recorded dir is gone cannot be realized: said plainly.
 data
     When the state wants the *old* version of a dataset and ``data_map`` in the config names
     where it lives, every argv element that mentions the path is rewritten to the mapped
@@ -83,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect import sections
+from envbisect.agent import actuate_remote
 from envbisect.agent.actuate_remote import FAILED, READY
 from envbisect.agent.journal import sha256_of
 from envbisect.agent.redact import is_redacted
@@ -97,6 +99,7 @@ from envbisect.realize import (
     FactQuery,
     Facts,
     Placement,
+    Plan,
     Sandbox,
     make_plan,
     realizers,
@@ -157,6 +160,7 @@ class Realized(Placement):
     venv: Path | None = None
     notes: tuple[str, ...] = ()
     failure: Failure | None = None  # "build: ..." when the state cannot be realized
+    caches: tuple[str, ...] = ()  # this trial's cache dirs, removed when it ends
     fill: tuple[str, ...] = ()  # caches to make warm by one run of the state (CacheDir.fill)
     cold: tuple[str, ...] = ()  # cold cache dirs: empty at the start of every run
 
@@ -578,13 +582,27 @@ class Actuator:
         positions: Mapping[str, int],
         trial_dir: Path,
     ) -> Iterator[Realized]:
-        """Build the state; undo every in-place change when the block exits."""
+        """Build the state; undo every in-place change, and remove its cache dirs, when the
+        block exits."""
+        caches: tuple[str, ...] = ()
         try:
             with self._build_lock:
                 realized = self._build(applied, positions, trial_dir)
+            caches = realized.caches
             yield realized
         finally:
             self.restore()
+            self._drop_caches(caches)
+
+    def _drop_caches(self, paths: tuple[str, ...]) -> None:
+        """Remove a finished trial's cache dirs (here, or on the remote target)."""
+        if not paths:
+            return
+        if not self.remote:
+            actuate_remote.drop_dirs(paths)
+            return
+        with contextlib.suppress(TransportError):  # reset removes them later
+            self.agent("drop", {"paths": list(paths)}, self.session.root / "remote", "drop")
 
     def restore(self) -> None:
         """Put back every file swapped in place on the target (this machine or the far one).
@@ -625,6 +643,7 @@ class Actuator:
                 cwd=None,  # a cwd of this machine means nothing there; a worktree sets one
                 path=self.target().path or FAR_PATH,
                 in_venv=False,
+                local=False,
             )
         prefix = Path(self.python).parent.parent
         return Sandbox(
@@ -635,6 +654,12 @@ class Actuator:
             path=env.get("PATH", ""),
             in_venv=os.path.isabs(self.python) and (prefix / "pyvenv.cfg").exists(),
         )
+
+    def preview(self, applied: frozenset[str], trial_dir: Path) -> Plan:
+        """The plan of a state, made but not carried out (``run --print-command``)."""
+        env = dict(self.base_env if self.base_env is not None else os.environ)
+        sandbox = self._sandbox(trial_dir, env)
+        return make_plan(self._context(), sandbox, self._values(applied, {}), env)
 
     def _build(
         self, applied: frozenset[str], positions: Mapping[str, int], trial_dir: Path
@@ -659,14 +684,20 @@ class Actuator:
         except TransportError as exc:
             return Realized(python=self.python, env=env, failure=Failure.build(str(exc)))
         if failure:
-            return Realized(python=plan.python, env=plan.env, failure=Failure.of(failure))
+            caches = tuple(c.dest for c in plan.caches)
+            return Realized(
+                python=plan.python, env=plan.env, failure=Failure.of(failure), caches=caches
+            )
         return Realized(
             python=plan.python,
             env=plan.env,
             cwd=plan.cwd,
             path_map=plan.path_map,
+            origin=plan.origin,
             venv=Path(plan.venv.path) if plan.venv is not None else None,
             notes=tuple(notes),
+            # A filled warm cache stays for the state's later calls (reset removes it).
+            caches=tuple(c.dest for c in plan.caches if not c.fill),
             fill=tuple(c.name for c in plan.caches if c.fill),
             cold=tuple(c.dest for c in plan.caches if c.src is None and not c.fill),
         )

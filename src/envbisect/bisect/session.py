@@ -432,8 +432,12 @@ class Session:
         restored = self.journal.restore()
         worktrees = self.remove_worktrees()
         removed_dirs: list[Path] = []
-        for name in ("venvs", "worktrees", "caches", "sandbox"):
-            path = self.root / name
+        # Trials' cache dirs too: a run killed mid-trial never removed its copy.
+        trial_caches = sorted(self.root.glob("trials/*/caches"))
+        for path in [
+            *(self.root / n for n in ("venvs", "worktrees", "caches", "sandbox")),
+            *trial_caches,
+        ]:
             if path.exists():
                 shutil.rmtree(path, ignore_errors=True)
                 removed_dirs.append(path)

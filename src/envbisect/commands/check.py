@@ -102,6 +102,8 @@ def _echo_verdict(result: CheckResult) -> None:
 
     if result.verdict == "skip":
         click.echo(f"cannot test: {result.failure}; logs in {result.log_dir}")
+        if result.detail:
+            click.echo(result.detail)
         return
     sign = "≥" if result.verdict == "good" else "<"
     click.echo(

@@ -121,7 +121,7 @@ def command(**flags: Any) -> int:
     from envbisect.escape import terminal
     from envbisect.manifest import check_writable
     from envbisect.reconstruct import parse_as_of
-    from envbisect.runner import validate_options
+    from envbisect.runner import good_command_line, validate_options
 
     args = RunFlags(**flags)
     when = parse_as_of(args.good_as_of) if args.good_as_of else None
@@ -135,6 +135,7 @@ def command(**flags: Any) -> int:
             "no good state: give --good PATH or --good-as-of WHEN, or set good: in envbisect.yaml"
         )
     transport, py = resolve_target(config, args.python, args.via, args.target_name)
+    py = _interpreter(args, transport, py, good_path)
     smoke = smoke_command(
         args.smoke_argv,
         config,
@@ -142,16 +143,19 @@ def command(**flags: Any) -> int:
         no_probe=args.no_probe,
         warmup_lines=args.warmup_lines,
     )
+    # With --good-as-of the good path is known once the state is rebuilt (below).
+    options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
     if args.print_command:
-        click.echo(smoke_command_line(transport, py, smoke))
+        whole = not smoke.builtin and not transport.layers and good_path is not None
+        click.echo(
+            good_command_line(options) if whole else smoke_command_line(transport, py, smoke)
+        )
         return 0
 
     # Progress is often tee'd to a file: it passes the same secret rules as the report.
     def say(line: str) -> None:
         click.echo(terminal(redact_text(line)), err=True)
 
-    # With --good-as-of the good path is known once the state is rebuilt (below).
-    options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
     validate_options(options)
     # Outputs are checked before the first trial: a typo must not cost a whole run.
     for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
@@ -319,6 +323,19 @@ def _with_reconstruction_notes(
     for note in notes:
         say(note)
     return replace(result, notes=(*result.notes, *notes))
+
+
+def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path | None) -> str:
+    """The target interpreter: ``--python`` (or the target's) resolved once, else the one
+    the manifests recorded (``envbisect.interpreter``)."""
+    from envbisect import interpreter
+
+    local = not transport.layers
+    bad = Path(args.bad) if args.bad else None
+    # With --good-as-of the good manifest is not written yet: the bad one tells.
+    if args.python is None and args.target_name is None and local and (good or bad):
+        py = interpreter.recorded(good or Path(), bad) or py
+    return interpreter.resolve_given(py, local=local)
 
 
 def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:

@@ -105,8 +105,12 @@ def is_warm(value: Any) -> bool:
 
 
 class CachesRealizer:
-    """Every known compile cache points into the trial's sandbox: a copy of the recorded dir
-    (warm) or a fresh empty one (cold); the user's own cache is never written to."""
+    """A compile cache that is part of the diff points into the trial's sandbox: a copy of
+    the dir the snapshot recorded (warm) or a fresh empty one (cold), removed when the trial
+    ends (``Actuator.realize``). A cache that did not change is the same in every state:
+    trials use it where the snapshot found it (its variable pointed there), as the user's
+    own runs do, and nothing is copied (a copy of a multi-GB default inductor cache per
+    trial filled disks)."""
 
     section = "caches"
     order = 4
@@ -127,7 +131,13 @@ class CachesRealizer:
         dirs: list[CacheDir] = []
         env: dict[str, str] = {}
         for name, var in CACHE_ENV.items():
-            value = values[name][1] if name in values else ctx.bad.section("caches").get(name)
+            if name not in values:
+                # Not a change: the cache where the snapshot found it, used in place.
+                recorded = CacheEntry.of(ctx.bad.section("caches").get(name))
+                if recorded is not None and isinstance(recorded.path, str) and recorded.path:
+                    env[var] = recorded.path
+                continue
+            value = values[name][1]
             entry = CacheEntry.of(value)
             warm = (entry.path or "") if entry is not None and is_warm(value) else None
             # The recorded warm dir no longer holds files: warm is made by a run of the state.

@@ -78,7 +78,8 @@ def repo_of(path: str, repos: Iterable[str]) -> str | None:
 
 
 class GitRealizer:
-    """A detached worktree at the state's commit; the command's cwd and argv move into it."""
+    """A detached worktree at the state's commit; the command's cwd moves into it when it was
+    inside the repo, and argv paths into the repo name the worktree's copy."""
 
     section = "git"
     order = 1
@@ -120,7 +121,10 @@ class GitRealizer:
         for repo, _head, path in worktrees:
             with contextlib.suppress(ValueError):
                 mapped = Path(path) / sandbox.origin.relative_to(repo)
-        if mapped is None and len(worktrees) == 1:
+        # Run from outside every repo, the command runs where it was typed (its paths into
+        # the repo are mapped, see envbisect.argvmap). A remote target has no such place:
+        # there a single repo's worktree is where it runs.
+        if mapped is None and len(worktrees) == 1 and not sandbox.local:
             mapped = Path(worktrees[0][2])
         if mapped is None:
             return plan

@@ -1,0 +1,135 @@
+"""How a user's command names the state's copy of every path it mentions.
+
+A state moves bisected repos into worktrees and old datasets to where ``data_map`` says;
+the user's command was typed against the live paths, from the directory they ran envbisect
+in. :class:`PathMapper` rewrites it so that it runs the same program in every state:
+
+- a word that names a path inside a moved tree — absolute, or relative to the directory the
+  user ran from — names the state's copy; a relative word is left as typed when it already
+  resolves there from the command's cwd (the cwd is mapped into the worktree when the user
+  ran from inside the repo), else it becomes the absolute path of the copy;
+- ``--opt=path`` maps its value; ``--opt path`` is two words, each mapped on its own;
+- a shell's ``-c`` script maps each of its words that is a path (textually, so quoting,
+  pipes and ``$VARS`` stay as written); ``sh script.sh`` is an ordinary word;
+- ``PYTHONPATH`` entries map the same way, so ``python -m pkg.mod`` imports the state's
+  package (through the cwd it does so already, the cwd being mapped);
+- a bare ``python``/``python3``/``python3.12`` as the program is the state's interpreter,
+  never whatever ``python`` comes first on PATH.
+
+A relative word that names nothing on disk (``0.1``, ``train``) is never touched: a word is
+taken for a path only when it exists, or has a ``/`` and its parent exists. Pure functions
+over strings plus those existence checks; no other I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash"})
+# Characters that end a word of a shell script (whitespace, quotes, operators, `=`).
+_EDGE = r"""\s'"=;&|()<>`"""
+
+
+@dataclass(frozen=True)
+class PathMapper:
+    """Rewrites paths into a state: ``path_map`` (live prefix → the state's copy, longest
+    first), ``origin`` (where the user ran the command; None: map absolute paths only) and
+    ``cwd`` (where the command runs in the state)."""
+
+    path_map: tuple[tuple[str, str], ...] = ()
+    origin: str | None = None
+    cwd: str | None = None
+
+    def mapped(self, path: str) -> str | None:
+        """The state's copy of the absolute ``path``, or None when no prefix holds it."""
+        for old, new in self.path_map:
+            old = old.rstrip("/") or "/"
+            if path == old or path.startswith(old.rstrip("/") + "/"):
+                return new + path[len(old) :]
+        return None
+
+    def path(self, word: str, *, must_exist: bool = True) -> str:
+        """``word`` as the state must see it (unchanged when it is no path into the state)."""
+        if not word or "\0" in word:
+            return word
+        if word.startswith("/"):
+            return self.mapped(word) or self.mapped(posixpath.normpath(word)) or word
+        if self.origin is None or "://" in word:
+            return word
+        live = posixpath.normpath(posixpath.join(self.origin, word))
+        if must_exist and not _looks_like_path(word, live):
+            return word
+        want = self.mapped(live) or live
+        here = posixpath.normpath(posixpath.join(self.cwd or self.origin, word))
+        return word if here == want else want
+
+    def word(self, word: str) -> str:
+        """One argv word: a path, or ``--opt=path``."""
+        if word.startswith("-") and "=" in word:
+            name, value = word.split("=", 1)
+            new = self.path(value)
+            return word if new == value else f"{name}={new}"
+        return self.path(word)
+
+    def script(self, text: str) -> str:
+        """A shell script (``sh -c TEXT``) with every word that is a path mapped."""
+        try:
+            words = shlex.split(text, comments=False)
+        except ValueError:
+            return text  # unbalanced quotes: the shell will say so, in its own words
+        for w in dict.fromkeys(words):
+            new = self.word(w)
+            if new == w:
+                continue
+            pattern = rf"(?<![^{_EDGE}]){re.escape(w)}(?![^{_EDGE}])"
+            quoted = shlex.quote(new)
+            text = re.sub(pattern, lambda _m: quoted, text)  # noqa: B023 - used at once
+        return text
+
+    def argv(self, argv: Sequence[str], python: str | None = None) -> list[str]:
+        """The command's argv in the state: paths mapped, shell ``-c`` scripts mapped, and a
+        bare ``python…`` program replaced by ``python`` (the state's interpreter)."""
+        out = list(argv)
+        if not out:
+            return out
+        shell = posixpath.basename(out[0]) in SHELLS
+        for i, arg in enumerate(out):
+            if i > 0 and shell and _is_c_flag(out[i - 1]):
+                out[i] = self.script(arg)
+            elif i > 0 or "/" in arg:
+                out[i] = self.word(arg)
+        if python and PYTHON_NAME.fullmatch(out[0]):
+            out[0] = python
+        return out
+
+    def search_path(self, value: str) -> str:
+        """A ``PYTHONPATH``-style list with each entry mapped (entries are paths by name,
+        so they are mapped whether or not they exist)."""
+        parts = value.split(os.pathsep)
+        return os.pathsep.join(self.path(p, must_exist=False) if p else p for p in parts)
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` with ``PYTHONPATH`` mapped."""
+        out = dict(env)
+        if out.get("PYTHONPATH"):
+            out["PYTHONPATH"] = self.search_path(out["PYTHONPATH"])
+        return out
+
+
+def _is_c_flag(word: str) -> bool:
+    """``-c``, or a short-option cluster ending in it (``-lc``, ``-ec``)."""
+    return len(word) >= 2 and word[0] == "-" and word[1] != "-" and word.endswith("c")
+
+
+def _looks_like_path(word: str, live: str) -> bool:
+    """A relative word is a path when it exists, or names a file in a directory that does
+    (an output file not yet written); a bare word that exists nowhere is an argument."""
+    if os.path.lexists(live):
+        return True
+    return "/" in word.rstrip("/") and os.path.isdir(posixpath.dirname(live))
