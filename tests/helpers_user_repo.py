@@ -95,8 +95,10 @@ def envbisect(
     )
 
 
-def make_user_repo(tmp: Path) -> UserRepo:
-    """The world, with good and bad manifests taken by ``envbisect snapshot``."""
+def make_user_repo(tmp: Path, *, list_model: bool = False) -> UserRepo:
+    """The world, with good and bad manifests taken by ``envbisect snapshot``; with
+    ``list_model`` the config lists ``model.py`` under ``files:`` (its content kept), so a
+    guilty model file is narrowed to its commit and hunk."""
     ws = tmp / "ws"
     repo = init_repo(ws / "repo")
     (repo / "train.py").write_text(TRAIN)
@@ -111,7 +113,10 @@ def make_user_repo(tmp: Path) -> UserRepo:
     shutil.copy(data, ws / "data" / "prompts.jsonl")
     python = make_venv(tmp / "target", tmp / "no-wheels") / "bin" / "python"
     config = ws / "envbisect.yaml"
-    config.write_text(yaml.safe_dump({"repos": [str(repo)], "env": ["EB_OTHER"]}))
+    settings: dict[str, object] = {"repos": [str(repo)], "env": ["EB_OTHER"]}
+    if list_model:
+        settings.update(files=[str(repo / "model.py")], keep_blobs=True)
+    config.write_text(yaml.safe_dump(settings))
     good = ws / "manifests" / "good.yaml"
     snap = envbisect(ws, "snapshot", "-o", str(good), "--python", str(python))
     assert snap.returncode == 0, snap.stderr

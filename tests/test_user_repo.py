@@ -171,3 +171,40 @@ def test_without_python_a_missing_recorded_interpreter_is_said(
     )
     assert res.returncode == 2
     assert "interpreter the bad manifest recorded (/nowhere/bin/python) is not here" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def listed(tmp_path_factory: pytest.TempPathFactory) -> UserRepo:
+    return make_user_repo(tmp_path_factory.mktemp("listed"), list_model=True)
+
+
+@pytest.mark.parametrize(
+    ("where", "command"),
+    [
+        ("parent", ("python3", "repo/train.py", "--data", "repo/data/x.jsonl")),
+        ("repo", ("python", "train.py", "--data", "data/x.jsonl")),
+        ("elsewhere", ("python", "{repo}/train.py", "--data", "{repo}/data/x.jsonl")),
+    ],
+)
+def test_a_listed_model_file_is_narrowed_to_its_commit_and_hunk_in_every_form(
+    listed: UserRepo, where: str, command: tuple[str, ...], request: pytest.FixtureRequest
+) -> None:
+    """The field's shape: commits and a hand patch in one model file. Typed from the
+    parent, from inside the repo and with absolute paths, the run names the commit and the
+    hunk, not the file."""
+    cwd = {"parent": listed.ws, "repo": listed.repo, "elsewhere": listed.ws.parent}[where]
+    argv = [w.format(repo=listed.repo) for w in command]
+    session = "h-" + "".join(c if c.isalnum() else "-" for c in request.node.callspec.id)
+    code, doc, out = _run(listed, cwd, session, *argv)
+    assert code == 0, out
+    (culprit,) = doc["culprits"]
+    assert culprit["unit"] == f"files:{listed.repo / 'model.py'}", out
+    slow = listed.commits[2]
+    hunk = culprit["hunk"]
+    assert hunk["commit"] == slow and not hunk["uncommitted"], out
+    assert hunk["hunk"] == "@@ -1,1 +1,1 @@", out
+    assert hunk["hunk_text"] == "@@ -1,1 +1,1 @@\n-WORK = 1\n+WORK = 8\n", out
+    line = next(x for x in out.splitlines() if x.startswith("Culprit: "))
+    assert line.startswith(f"Culprit: commit {slow[:7]} "), line
+    assert "repo/model.py hunk @@ -1,1 +1,1 @@" in line, line
+    assert [t for t in doc["trials"] if t.get("failure")] == [], out
