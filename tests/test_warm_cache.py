@@ -53,7 +53,8 @@ def _world(tmp_path: Path) -> tuple[Path, Path, Path]:
     cold = {"path": str(cache), "exists": True, "files": 0, "bytes": 0}
     good = manifest(tmp_path / "good.yaml", caches={"inductor": warm}, env={})
     bad = manifest(tmp_path / "bad.yaml", caches={"inductor": cold}, env={"EB_HARMLESS": "1"})
-    (tmp_path / "envbisect.yaml").write_text("{}\n")
+    # The user's own config names the cache: a run touches only what it names.
+    (tmp_path / "envbisect.yaml").write_text(f"caches: {{inductor: {cache}}}\n")
     return script, good, bad
 
 

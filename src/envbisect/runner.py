@@ -953,18 +953,7 @@ class _TrialRunner:
         if smoke.builtin:
             params = {**smoke.drafter_params, "drafter_threads": 1}
             smoke, how = replace(smoke, drafter_params=params), "one single-threaded run"
-        spec = RunSpec(
-            transport=work.transport,
-            python=realized.python,
-            env=realized.env,
-            cwd=realized.cwd,
-            timeout_s=self.o.timeout_s,
-            log_dir=work.trial_dir,
-            name="fill",
-            argv_map=realized.map_argv,
-            pin=work.worker.pin_argv() if work.worker is not None else (),
-        )
-        m = run_once(smoke, spec)
+        m = run_once(smoke, self._spec(work, realized, "fill", samples=1))
         if not m.ok:
             return Failure.build(f"caches {names}: making the warm cache failed: {m.failure}")
         wrote = _wrote_into(realized, work.transport)
@@ -982,8 +971,10 @@ class _TrialRunner:
             self.fill_notes.append(note)
         return None
 
-    def _run(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
-        spec = RunSpec(
+    def _spec(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> RunSpec:
+        """How one process of a state runs: the state's interpreter, env and cwd, the
+        command mapped into it as typed (the filling run of a warm cache too)."""
+        return RunSpec(
             transport=work.transport,
             python=realized.python,
             env=realized.env,
@@ -995,6 +986,9 @@ class _TrialRunner:
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
         )
+
+    def _run(self, work: _TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
+        spec = self._spec(work, realized, name, samples)
         if not work.transport.layers:
             # A cold cache is cold for every run, not only the trial's first: what an
             # earlier run of the trial compiled into it is removed.
