@@ -45,6 +45,8 @@ def _run(
             "12k",
             "--repeats",
             "1",
+            "--metric-regex",
+            "([0-9.]+) tok/s",  # the smoke below prints its figure as a log line
             *extra,
             "--",
             *(smoke or (sys.executable, "-c", "print('1 tok/s')")),
@@ -112,7 +114,7 @@ def test_code_loading_env_vars_of_a_foreign_manifest_are_refused_then_trust_runs
     proc = _run(sc, "--fresh", "--trust", str(sc.bad))
     assert "not made by you" not in proc.stderr
     assert "note: trusted with --trust" in proc.stderr
-    assert canary.exists()
+    assert canary.exists(), proc.stderr
 
 
 def test_own_manifests_need_no_trust(tmp_path: Path) -> None:
