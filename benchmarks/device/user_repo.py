@@ -185,11 +185,27 @@ def edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def good_state(ws: Path, size: str) -> None:
+def good_state(ws: Path, size: str, scenario: str = "flex") -> None:
     repo = ws / "repo"
     repo.mkdir(parents=True)
-    (repo / "train.py").write_text(_fill(TRAIN, SIZES[size]))
-    (repo / "model.py").write_text(_fill(MODEL, SIZES[size]))
+    train, model = _fill(TRAIN, SIZES[size]), _fill(MODEL, SIZES[size])
+    if scenario == "recompile":
+        # A grown dataset's many lengths: a new length (and mask) every step, 40 in a
+        # cycle; flex compiled with automatic dynamic shapes (one recompile, then dynamic).
+        train = (
+            train.replace("mask = causal_mask(args.seq, device)\n", "")
+            .replace(
+                "    x = torch.stack([tokens[i : i + args.seq] for i in idx]).to(device)\n",
+                "    seq = args.seq - 64 * (step % 40)\n"
+                "    mask = causal_mask(seq, device)\n"
+                "    x = torch.stack([tokens[i : i + seq] for i in idx]).to(device)\n",
+            )
+            .replace("ktoks = args.batch * args.seq /", "ktoks = x.numel() /")
+        )
+        model = model.replace("dynamic=False", "dynamic=None")
+        train = train.replace(f"default={SIZES[size]['STEPS']}", "default=24")  # 24 lengths
+    (repo / "train.py").write_text(train)
+    (repo / "model.py").write_text(model)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "drafter: first training run")
@@ -205,7 +221,7 @@ def good_state(ws: Path, size: str) -> None:
     )
 
 
-def drift(ws: Path) -> None:
+def drift(ws: Path, scenario: str = "flex") -> None:
     """Five commits (the third is the culprit) and an unrelated uncommitted patch."""
     repo = ws / "repo"
     model, train = repo / "model.py", repo / "train.py"
@@ -213,8 +229,13 @@ def drift(ws: Path) -> None:
     git(repo, "commit", "-qam", "model: say what the drafter is", when="2026-11-10T10:00:00Z")
     edit(train, "lr=1e-4", "lr=2e-4")
     git(repo, "commit", "-qam", "train: raise the learning rate", when="2026-11-12T11:00:00Z")
-    edit(model, "return _flex(q, k, v,", "return flex_attention(q, k, v,")
-    git(repo, "commit", "-qam", "model: call flex_attention directly", when="2026-11-14T12:00:00Z")
+    if scenario == "recompile":  # static shapes: a recompile per new length, then eager
+        edit(model, "dynamic=None", "dynamic=False")
+        subject = "model: compile flex_attention with static shapes"
+    else:
+        edit(model, "return _flex(q, k, v,", "return flex_attention(q, k, v,")
+        subject = "model: call flex_attention directly"
+    git(repo, "commit", "-qam", subject, when="2026-11-14T12:00:00Z")
     edit(model, "nn.GELU()", "nn.GELU(approximate='tanh')")
     git(repo, "commit", "-qam", "model: tanh GELU", when="2026-11-16T13:00:00Z")
     edit(train, "manual_seed(0)", "manual_seed(42)")
@@ -227,6 +248,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--size", choices=sorted(SIZES), default="gpu")
     ap.add_argument("--keep", action="store_true", help="keep the workspace (its path is said)")
+    ap.add_argument("--scenario", choices=["flex", "recompile"], default="flex")
     ap.add_argument(
         "--absolute", action="store_true", help="absolute paths in the command (older envbisect)"
     )
@@ -245,10 +267,10 @@ def main() -> int:
     py = sys.executable
     env["PATH"] = f"{Path(py).parent}:{env.get('PATH', '')}"
     try:
-        good_state(ws, args.size)
+        good_state(ws, args.size, args.scenario)
         snap = [*eb, "snapshot", "--python", py]
         tr.run([*snap, "--label", "good", "-o", "manifests/good.yaml"], ws, env)
-        drift(ws)
+        drift(ws, args.scenario)
         tr.run([*snap, "--label", "bad", "-o", "manifests/bad.yaml"], ws, env)
         d = tr.run([*eb, "diff", "manifests/good.yaml", "manifests/bad.yaml"], ws, env)
         (out / "diff.txt").write_text(d.stdout + d.stderr)
