@@ -28,10 +28,8 @@ from envbisect.collect.collector import (
     _Collector,
     _data_dir,
     _data_file,
-    _metadata_headers,
+    _named_distributions,
     _normalise,
-    _path_distributions,
-    _read_headers,
     _Timeout,
     _walk,
 )
@@ -167,12 +165,8 @@ def installed_packages():
         entry = entry or os.getcwd()
         if not os.path.isdir(entry):
             continue
-        for meta_file, info_dir in _path_distributions(entry):
-            try:
-                name, version = _metadata_headers(_read_headers(meta_file))
-            except OSError:
-                continue
-            if not name or _normalise(name) in out:
+        for name, version, meta_file, info_dir in _named_distributions(entry):
+            if _normalise(name) in out:
                 continue
             out[_normalise(name)] = {
                 "version": version,

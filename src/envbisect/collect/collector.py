@@ -275,19 +275,25 @@ def collect_packages(c):
                         dist.read_text("direct_url.json"),
                     )
             continue
-        for meta_file, info_dir in _path_distributions(entry):
-            try:
-                name, version = _metadata_headers(_read_headers(meta_file))
-            except OSError:
-                continue
-            if not name:
-                continue
+        for name, version, _meta, info_dir in _named_distributions(entry):
             installer = direct_raw = None
             if info_dir is not None:
                 installer = _read(os.path.join(info_dir, "INSTALLER"), 4096)
                 direct_raw = _read(os.path.join(info_dir, "direct_url.json"))
             add(name, version, (installer or "").strip() or None, direct_raw)
     return _sorted(out)
+
+
+def _named_distributions(entry):
+    """(name, version, metadata file, dist-info dir or None) of every distribution in
+    ``entry`` whose metadata names it; unreadable metadata is skipped."""
+    for meta_file, info_dir in _path_distributions(entry):
+        try:
+            name, version = _metadata_headers(_read_headers(meta_file))
+        except OSError:
+            continue
+        if name:
+            yield name, version, meta_file, info_dir
 
 
 def _literal_assignments(source):
