@@ -222,6 +222,7 @@ def bisect(work: Path, config: Path, env: dict[str, str], args: argparse.Namespa
         "stderr_tail": res.stderr.strip()[-3000:],
         "result": doc,
         "trials": trials_of(doc),
+        "state_times": state_times(session),
         "report": report.read_text()[-6000:] if report.exists() else None,
         "disk": {
             "before_bytes": before,
@@ -230,6 +231,30 @@ def bisect(work: Path, config: Path, env: dict[str, str], args: argparse.Namespa
             "session_bytes": du(session),
         },
     }
+
+
+def state_times(session: Path) -> list[dict[str, Any]]:
+    """Time per state from the session's ``trials/NNN/trial.json``: the whole trial (build,
+    state check, runs) and the workload runs alone, summed over the trial's calls."""
+    out = []
+    for path in sorted(session.glob("trials/*/trial.json")):
+        doc = json.loads(path.read_text())
+        calls = doc.get("calls") or []
+        runs = [r for c in calls for r in c.get("runs") or ()]
+        out.append(
+            {
+                "trial": doc.get("trial"),
+                "applied": doc.get("applied"),
+                "calls": len(calls),
+                "wall_s": round(sum(c.get("wall_s") or 0 for c in calls), 1),
+                "runs": len(runs),
+                "runs_wall_s": round(sum(r.get("wall_s") or 0 for r in runs), 1),
+                "build_failure": next(
+                    (c["build_failure"] for c in calls if c.get("build_failure")), None
+                ),
+            }
+        )
+    return out
 
 
 def main() -> int:
