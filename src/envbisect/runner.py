@@ -452,6 +452,9 @@ class RunOptions:
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     find_all: bool = False  # go on after the first cause while reverting it is not enough
+    # OMP_NUM_THREADS of a user's command's trials: "auto" (the free cores when the machine
+    # is busy at the start), "off" (as the environment has it), or a number.
+    cpu_threads: str = "auto"
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
@@ -1392,6 +1395,54 @@ def _quietly(undo: Callable[[], Any]) -> None:
         undo()
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _cpu_threads(
+    options: RunOptions,
+    reading: contention.Contention | None,
+    diff: DiffResult,
+    bad: mf.Manifest,
+    actuator: Actuator,
+) -> str | None:
+    """Set OMP_NUM_THREADS for every trial of a user's command (the built-in smoke test
+    sizes its own threads): the number asked, or with ``auto`` the free cores when other
+    processes keep some busy at the start on a machine without GPUs. A CPU job with a thread
+    per core waits at every parallel op for the thread the kernel descheduled, collapsing
+    6-30x (benchmarks/RESULTS.md, issue 23). Decided once, the same for every state, and
+    said; never where a state sets a thread count itself. Returns the note, or None."""
+    want = options.cpu_threads
+    if want == "off" or options.smoke.builtin or options.transport.layers:
+        return None
+    moved = sorted(
+        {c.key for u in diff.units for c in u.changes if c.section == "env"} & set(THREAD_VARS)
+    )
+    if moved:
+        return (
+            f"trials keep the states' own {', '.join(moved)}; --cpu-threads is not applied"
+            if want != "auto"
+            else None
+        )
+    if want == "auto":
+        mine = [v for v in THREAD_VARS if v in os.environ]
+        gpus = (bad.section("gpu") or {}).get("devices")
+        if reading is None or mine or gpus or not reading.contended:
+            return None
+        n = contention.free_cores(reading)
+        if n >= reading.cores:
+            return None
+        why = (
+            f"{reading.cores - n} of {reading.cores} cores busy at the start: torch would "
+            "otherwise wait on a busy core at every parallel op; --cpu-threads N to choose, "
+            "--cpu-threads off to leave it"
+        )
+    else:
+        n = int(want)
+        why = "--cpu-threads"
+    actuator.base_env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(n))}
+    return f"every trial runs with OMP_NUM_THREADS={n} and MKL_NUM_THREADS={n} ({why})"
+
+
 @dataclass(frozen=True)
 class _RunContext:
     """What every RunResult of a run carries besides its outcome: the diff, the units that
@@ -1428,10 +1479,15 @@ class _RunContext:
                 progress(f"not bisected: {blocked[unit.id]}")
         for note in notes:
             progress(f"note: {note}")
-        busy = None if options.transport.layers else contention.busy_warning(contention.probe())
+        reading = None if options.transport.layers else contention.probe()
+        busy = None if reading is None else contention.busy_warning(reading)
         if busy is not None:  # said once; each trial's samples are flagged on their own
             progress(f"warning: {busy}")
             notes = (*notes, f"at the start: {busy}")
+        threads = _cpu_threads(options, reading, diff, bad, actuator)
+        if threads is not None:
+            progress(f"note: {threads}")
+            notes = (*notes, threads)
         return cls(diff, blocked, notes, session, options, bad_path, bad, actuator)
 
     def result(self, *, outcome: str, threshold: float | None, message: str) -> RunResult:

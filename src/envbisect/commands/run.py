@@ -80,6 +80,17 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "crash before calling it not reproduced (a crash that strikes 1 run in 8 needs ~24).",
 )
 @click.option(
+    "--cpu-threads",
+    default="auto",
+    show_default=True,
+    callback=lambda _c, _p, v: _cpu_threads(v),
+    help="OMP_NUM_THREADS and MKL_NUM_THREADS for every trial of your command: a number; "
+    "'auto' sets them to the free cores when other processes keep some busy at the start "
+    "(a CPU job with a thread per core collapses when one core is busy), and only on a "
+    "machine without GPUs; 'off' leaves your environment's. Never where the states "
+    "themselves differ in those variables. The built-in smoke test sizes its own.",
+)
+@click.option(
     "--find-all",
     is_flag=True,
     help="Go on after the first cause while reverting it does not restore speed: name every "
@@ -205,6 +216,7 @@ class RunFlags:
     on_crash: str
     crash_runs: int
     find_all: bool
+    cpu_threads: str
     session_dir: str | None
     resume: bool
     fresh: bool
@@ -267,6 +279,7 @@ class RunFlags:
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
             find_all=self.find_all,
+            cpu_threads=self.cpu_threads,
             trust=tuple(Path(p).absolute() for p in self.trust),
         )
 
@@ -372,3 +385,11 @@ def _write_outputs(result: RunResult, json_path: str | None, report_path: str | 
         atomic_write_text(Path(json_path), report.render_json(result))
     if report_path:
         atomic_write_text(Path(report_path), terminal(report.render_markdown(result)))
+
+
+def _cpu_threads(value: str) -> str:
+    """``--cpu-threads``: auto, off or a positive number of threads."""
+    word = value.strip().lower()
+    if word in ("auto", "off") or (word.isdigit() and int(word) > 0):
+        return word
+    raise click.BadParameter(f"{value!r}: expected auto, off or a number of threads ≥ 1")
