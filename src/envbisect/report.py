@@ -205,7 +205,11 @@ def hunk_section(h: HunkCulprit) -> list[str]:
 def summary_lines(result: RunResult) -> list[str]:
     """The end of ``run``'s output: culprit sentence(s) or why there is none."""
     if result.culprits:
-        return [culprit_sentence(c, c.good_median, c.bad_median) for c in result.culprits]
+        lines = []
+        for c in result.culprits:
+            lines.append(culprit_sentence(c, c.good_median, c.bad_median))
+            lines += [f"  {line}" for line in (c.within.lines() if c.within else ())]
+        return lines
     lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
     if result.blocked:
         lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
@@ -311,6 +315,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "why": list(c.why),
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
+                "within": c.within.as_dict() if c.within is not None else None,
             }
             for c in result.culprits
         ],
@@ -344,21 +349,29 @@ _PURPOSE = {
 }
 
 
-def explain_trial(r: TrialRow, culprits: set[str]) -> str:
-    """One evidence line: what the trial was, what it measured, what that means."""
+def _purpose(r: TrialRow) -> str:
+    """What a trial was for, in words."""
     if r.purpose in _PURPOSE:
-        what = _PURPOSE[r.purpose]
-    elif r.purpose.startswith("narrow: hunks of "):
-        what = f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
-    elif r.purpose.startswith("narrow: files:"):
-        what = (
+        return _PURPOSE[r.purpose]
+    if r.purpose == "narrow: torch stack":
+        return "some components of the torch stack as in the bad state, the rest as in the good"
+    if r.purpose.startswith("narrow: releases of "):
+        return f"a release of {r.purpose.rsplit(' ', 1)[1]} between the two versions"
+    if r.purpose.startswith("narrow: hunks of "):
+        return f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
+    if r.purpose.startswith("narrow: files:"):
+        return (
             f"bisecting {r.purpose.split(': ', 1)[1]} over its versions (each commit that "
             "touched it, then the uncommitted edit)"
         )
-    elif r.purpose.startswith("narrow: "):
-        what = f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
-    else:
-        what = r.purpose or "a state"
+    if r.purpose.startswith("narrow: "):
+        return f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
+    return r.purpose or "a state"
+
+
+def explain_trial(r: TrialRow, culprits: set[str]) -> str:
+    """One evidence line: what the trial was, what it measured, what that means."""
+    what = _purpose(r)
     applied = {_unit(a) for a in r.applied}
     if culprits and r.applied:
         what += "; with the culprit" if culprits & applied else "; without the culprit"
@@ -404,7 +417,10 @@ def render_markdown(result: RunResult) -> str:
     from envbisect.render import render_markdown as diff_markdown
 
     lines = ["## envbisect run", ""]
-    lines += [f"**{line}**" for line in summary_lines(result)]
+    lines += [
+        f"- {line.strip()}" if line.startswith("  ") else f"**{line}**"
+        for line in summary_lines(result)
+    ]
     lines += [
         "",
         machine_line(result),

@@ -76,6 +76,8 @@ from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
+    from envbisect.bisect.hunkrun import HunkTrial
+    from envbisect.bisect.pkgrun import PackageFinding, Releases
     from envbisect.bisect.slurm import Allocations
     from envbisect.bisect.workers import Worker, WorkerPool
     from envbisect.config import Config
@@ -592,6 +594,8 @@ class Culprit:
     good_trial: int | None = None  # the trial numbers of the evidence
     bad_trial: int | None = None
     hunk: HunkCulprit | None = None  # a file in a repo: its first bad version and hunk
+    # A package unit: the torch stack's guilty component, the first bad release.
+    within: PackageFinding | None = None
     why: tuple[str, ...] = ()  # the facts that differ, good vs bad (envbisect.facts)
 
     def changes(self) -> list[dict[str, Any]]:
@@ -1155,6 +1159,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
             return _nothing_to_bisect(context, actuator)
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
         hunk, hunk_rows = _hunk_step(result, context, tester)
+        within, within_rows = _package_step(result, context, tester)
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
         _abandon(
@@ -1172,6 +1177,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         session.journal.restore()
         atexit.unregister(_quietly)
     out = _with_hunk(_result(result, context, tester.index_of), hunk, hunk_rows)
+    out = _with_within(out, within, within_rows)
     if tester.fill_notes:  # how warm was made, said once in the report and --json
         out = replace(out, notes=(*out.notes, *dict.fromkeys(tester.fill_notes)))
     if actuator.kept:  # files the user edited while the run went on: said again at the end
@@ -1299,35 +1305,93 @@ def _search(
     return result
 
 
-def _hunk_step(
-    result: SearchResult, context: _RunContext, tester: _TrialRunner
-) -> tuple[HunkCulprit | None, tuple[TrialRow, ...]]:
-    """A guilty file inside a repo, narrowed to its first bad version: which hunk of it
-    (``bisect.hunkrun``); its trials as rows, their verdicts logged as the engine's are."""
-    from envbisect.bisect.hunkrun import HunkSettings, find_hunk
+def _step_settings(result: SearchResult, context: _RunContext, tester: _TrialRunner) -> Any:
+    """How a step below the engine measures (``hunkrun.HunkSettings``): as the engine did,
+    within what is left of ``--max-trials``; None when nothing is left."""
+    from envbisect.bisect.hunkrun import HunkSettings
 
     o = context.options
     if o.max_trials is not None and len(tester.index_of) >= o.max_trials:
-        return None, ()
+        return None
     bad_end = result.trials[1] if len(result.trials) > 1 else None
-    settings = HunkSettings(
+    return HunkSettings(
         repeats=o.repeats,
         max_samples=o.max_samples,
         budget=None if o.max_trials is None else o.max_trials - len(tester.index_of),
         crash_is_bad=o.on_crash == "bad" and bad_end is not None and bool(bad_end.failure),
     )
 
+
+def _hunk_step(
+    result: SearchResult, context: _RunContext, tester: _TrialRunner
+) -> tuple[HunkCulprit | None, tuple[TrialRow, ...]]:
+    """A guilty file inside a repo, narrowed to its first bad version: which hunk of it
+    (``bisect.hunkrun``); its trials as rows, their verdicts logged as the engine's are."""
+    from envbisect.bisect.hunkrun import find_hunk
+
+    settings = _step_settings(result, context, tester)
+    if settings is None:
+        return None, ()
+
     def number(state: State) -> int:
         return tester.index_of.get(state_key(state.applied, state.positions), 0)
 
     hunk, trials = find_hunk(result, tester.actuator, tester, settings, tester.progress, number)
+    return hunk, _step_rows(trials, context, number)
+
+
+def _package_step(
+    result: SearchResult, context: _RunContext, tester: _TrialRunner
+) -> tuple[PackageFinding | None, tuple[TrialRow, ...]]:
+    """A guilty torch stack or package: its component, then its first bad release
+    (``bisect.pkgrun``); its trials as rows, their verdicts logged as the engine's are."""
+    from envbisect.bisect.pkgrun import find_within
+
+    settings = _step_settings(result, context, tester)
+    if settings is None:
+        return None, ()
+
+    def number(state: State) -> int:
+        return tester.index_of.get(state_key(state.applied, state.positions), 0)
+
+    releases = _releases(context.options)
+    found = find_within(
+        result, tester.actuator, tester, settings, tester.progress, number, releases
+    )
+    if found is None:
+        return None, ()
+    return found, _step_rows(found.trials, context, number, dict(found.labels))
+
+
+def _releases(options: RunOptions) -> Releases:
+    """The releases of a package that the run's configured sources hold (final ones)."""
+    from envbisect.sources import Sources, available_versions
+
+    sources = Sources.from_config(options.config)
+    return lambda name: available_versions(name, sources)
+
+
+def _step_rows(
+    trials: Sequence[HunkTrial],
+    context: _RunContext,
+    number: Callable[[State], int],
+    labels: Mapping[State, str] | None = None,
+) -> tuple[TrialRow, ...]:
+    """The trials of a step below the engine as rows (``labels``: what a state's position
+    stands for, shown instead of it); their verdicts logged."""
     rows = []
     for t in trials:
         n = number(t.state)
+        applied = _applied_names(t.state.applied, t.state.positions)
+        if labels and t.state in labels:
+            at = dict(t.state.positions)
+            applied = tuple(
+                f"{u}[{labels[t.state]}]" if u in at else u for u in sorted(t.state.applied)
+            )
         rows.append(
             TrialRow(
                 index=n,
-                applied=_applied_names(t.state.applied, t.state.positions),
+                applied=applied,
                 samples=t.samples,
                 median=median(t.samples) if t.samples else None,
                 verdict=t.verdict.value,
@@ -1338,7 +1402,19 @@ def _hunk_step(
         context.session.append(
             {"type": "verdict", "index": n, "verdict": t.verdict.value, "median": rows[-1].median}
         )
-    return hunk, tuple(rows)
+    return tuple(rows)
+
+
+def _with_within(
+    out: RunResult, within: PackageFinding | None, rows: tuple[TrialRow, ...]
+) -> RunResult:
+    """The run's result with the package step's trials and finding on its culprit."""
+    if within is None:
+        return out
+    culprits = tuple(
+        replace(c, within=within) if c.unit.id == within.unit else c for c in out.culprits
+    )
+    return replace(out, culprits=culprits, trials=out.trials + rows)
 
 
 def _with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ...]) -> RunResult:
