@@ -64,7 +64,11 @@ def _applied(applied: Sequence[str], legend: Mapping[str, int] | None = None) ->
 def _unit(applied: str) -> str:
     """``git:/r@3`` → ``git:/r`` (the position of an ordered unit is not part of its id)."""
     head, sep, tail = applied.rpartition("@")
-    return head if sep and tail.isdigit() else applied
+    if sep and tail.isdigit():
+        return head
+    # ``torch-stack[triton]``: a package unit in a state of the package step (pkgrun)
+    head, sep, tail = applied.partition("[")
+    return head if sep and tail.endswith("]") and ":" not in tail else applied
 
 
 def _at(applied: str) -> str:
