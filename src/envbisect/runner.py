@@ -1354,7 +1354,7 @@ def _package_step(
     def number(state: State) -> int:
         return tester.index_of.get(state_key(state.applied, state.positions), 0)
 
-    releases = _releases(context.options)
+    releases = _releases(context.options, tester.actuator)
     found = find_within(
         result, tester.actuator, tester, settings, tester.progress, number, releases
     )
@@ -1363,12 +1363,18 @@ def _package_step(
     return found, _step_rows(found.trials, context, number, dict(found.labels))
 
 
-def _releases(options: RunOptions) -> Releases:
-    """The releases of a package that the run's configured sources hold (final ones)."""
+def _releases(options: RunOptions, actuator: Actuator) -> Releases:
+    """The releases of a package that the run's configured sources hold (final ones, with
+    a wheel that fits the target's python)."""
     from envbisect.sources import Sources, available_versions
 
     sources = Sources.from_config(options.config)
-    return lambda name: available_versions(name, sources)
+
+    def releases(name: str) -> list[Any]:
+        python = actuator.target().version
+        return available_versions(name, replace(sources, target_python=python))
+
+    return releases
 
 
 def _step_rows(

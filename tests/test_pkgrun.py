@@ -1,0 +1,247 @@
+"""Below a guilty package unit: the torch stack's component, the first bad release.
+
+End-to-end runs with real uv venvs and real wheels built here: a "stack" of tiny wheels
+named as torch's components (a fake ``torch`` only inside the test's own venv, which has no
+real torch), and a package with several releases of which one in the middle makes the
+workload really compute more. Pure parts (the stack's components and pins, the search over
+ordered items, the wording of both directions) are tested without a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from packaging.version import Version
+
+from envbisect.bisect.narrow import first_bad
+from envbisect.bisect.pkgrun import ReleaseSearch, _between
+from envbisect.bisect.verdict import Verdict
+from envbisect.changes import Change, ChangeKind, Unit
+from envbisect.cli import cli
+from envbisect.sections.torch_stack import components, outside_pins
+from tests.helpers_run import SLOWDOWN, Scenario, build_wheel, pkg
+
+STACK_MODULES = "ebwork,torch,triton,nvidia_fake_ebstack"
+
+
+def _run(sc: Scenario, *extra: str) -> tuple[Any, dict[str, Any]]:
+    out = sc.tmp / "result.json"
+    argv = [
+        "run",
+        "--config",
+        str(sc.config),
+        "--python",
+        sc.python,
+        "--session",
+        str(sc.tmp / "session"),
+        "--json",
+        str(out),
+        "--report",
+        str(sc.tmp / "report.md"),
+        "--bad",
+        str(sc.bad),
+        *extra,
+        "--",
+        "python",
+        str(sc.repo / "train.py"),
+    ]
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    return res, json.loads(out.read_text()) if out.exists() else {}
+
+
+def _write(sc: Scenario, good: dict[str, Any], bad: dict[str, Any]) -> None:
+    git = sc.git_entry(sc.commits[0])
+    sc.write(
+        good={"packages": good, "git": git},
+        bad={"packages": bad, "git": git},
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.1\n",
+    )
+
+
+@pytest.mark.slow
+def test_a_guilty_torch_stack_is_split_to_the_component_that_made_it_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sc = Scenario(tmp_path)
+    w = sc.wheels
+    # torch pins its companions exactly, as real torch does; triton 2.0 computes 8x more.
+    build_wheel(w, "torch", "1.0", "WORK = 1\n", ("triton==1.0", "nvidia-fake-ebstack==1.0"))
+    build_wheel(
+        w, "torch", "2.0+cpu", "WORK = 1  # b\n", ("triton==2.0", "nvidia-fake-ebstack==2.0")
+    )
+    build_wheel(w, "triton", "1.0", "WORK = 1\n")
+    build_wheel(w, "triton", "2.0", f"WORK = {SLOWDOWN}  # slow\n")
+    build_wheel(w, "nvidia-fake-ebstack", "1.0", "WORK = 1\n")
+    build_wheel(w, "nvidia-fake-ebstack", "2.0", "WORK = 1  # same\n")
+    build_wheel(w, "nvidia-fake-ebkept", "1.0", "X = 1\n")
+    stack = ("torch==2.0+cpu", "triton==2.0", "nvidia-fake-ebstack==2.0", "nvidia-fake-ebkept==1.0")
+    sc.venv("ebwork==1.0", *stack)
+    monkeypatch.setenv("EB_WORK_MODULES", STACK_MODULES)
+    kept = {"nvidia-fake-ebkept": pkg("1.0"), "ebwork": pkg("1.0")}
+    good = {"torch": pkg("1.0"), "triton": pkg("1.0"), "nvidia-fake-ebstack": pkg("1.0")}
+    bad = {"torch": pkg("2.0+cpu"), "triton": pkg("2.0"), "nvidia-fake-ebstack": pkg("2.0")}
+    _write(sc, {**good, **kept}, {**bad, **kept})
+
+    res, doc = _run(sc)
+
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["torch-stack"]
+    stack_doc = doc["culprits"][0]["within"]["stack"]
+    assert stack_doc["culprit"]["component"] == "triton"
+    sentence = "culprit within the torch stack: triton (1.0 → 2.0)"
+    assert stack_doc["sentence"] == sentence
+    assert sentence in res.stdout  # the text report
+    assert sentence in res.stderr  # progress
+    pin = "triton 1.0 with torch 2.0+cpu is outside torch's pin (==2.0): result may not be"
+    assert any(pin in w for w in stack_doc["outside_pins"]), stack_doc
+    assert pin in res.stderr
+    # The CUDA wheels are said: changed, and one stayed beside a +cpu torch.
+    assert "the CUDA runtime wheels changed: the CUDA runtime wheels (1 changed" in res.stdout
+    assert "1 CUDA wheel(s) stayed installed beside torch 2.0+cpu (nvidia-fake-ebkept)" in (
+        res.stdout
+    )
+    # triton has only the two endpoint releases: no release search, said so.
+    release = doc["culprits"][0]["within"]["release"]
+    assert release["package"] == "triton" and release["releases"] == []
+    assert release["trials"] == 0
+    no_search = "no release of triton lies between 1.0 and 2.0 in the configured sources"
+    assert no_search in res.stdout
+    split_rows = [t for t in doc["trials"] if t["purpose"] == "narrow: torch stack"]
+    # 3 components: dd needs at most 2 splits and the culprit alone.
+    assert 1 <= len(split_rows) <= 3
+    assert "torch-stack[triton]" in {a for t in split_rows for a in t["applied"]}
+    assert "culprit within the torch stack: triton" in (sc.tmp / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_first_bad_release_between_the_endpoints_is_named_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    sc = Scenario(tmp_path)
+    # ebwork: 1.0 and 2.0 fast, 3.0 slow (Scenario); in between 2.1 fast, 2.2 and 2.5 slow.
+    build_wheel(sc.wheels, "ebwork", "2.1", "WORK = 1  # still fast\n")
+    build_wheel(sc.wheels, "ebwork", "2.2", f"WORK = {SLOWDOWN}  # the slow one\n")
+    build_wheel(sc.wheels, "ebwork", "2.5", f"WORK = {SLOWDOWN}  # slow since 2.2\n")
+    build_wheel(sc.wheels, "ebwork", "2.6rc1", "WORK = 1  # a pre-release: never tried\n")
+    sc.venv("ebwork==3.0", "ebonly==1.0")
+    _write(sc, {"ebwork": pkg("1.0")}, {"ebwork": pkg("3.0"), "ebonly": pkg("1.0")})
+
+    res, doc = _run(sc)
+
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
+    release = doc["culprits"][0]["within"]["release"]
+    assert release["releases"] == ["2.0", "2.1", "2.2", "2.5"]
+    assert release["first_bad"] == "2.2" and release["last_good"] == "2.1"
+    assert "first bad release: ebwork 2.2 (2.1 is the last fast one)" in res.stdout
+    rows = [t for t in doc["trials"] if t["purpose"] == "narrow: releases of ebwork"]
+    r = len(release["releases"])
+    assert 1 <= len(rows) == release["trials"] <= math.ceil(math.log2(r)) + 1
+    assert {a for t in rows for a in t["applied"]} <= {
+        f"packages:ebwork[ebwork=={v}]" for v in release["releases"]
+    }
+    assert "first bad release: ebwork 2.2" in (sc.tmp / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------- pure parts
+
+
+def _change(key: str, old: str | None, new: str | None) -> Change:
+    return Change("packages", key, old, new, ChangeKind.UPGRADED)
+
+
+def test_stack_components_torch_first_then_triton_cuda_and_the_rest() -> None:
+    unit = Unit(
+        "torch-stack",
+        "torch-stack",
+        "torch stack",
+        (
+            _change("torchvision", "0.28.0", "0.29.0"),
+            _change("torch", "2.13.0+cpu", "2.14.1"),
+            Change("torch", "version", "2.13.0+cpu", "2.14.1", ChangeKind.CHANGED),
+            _change("nvidia-cublas-cu12", None, "12.9"),
+            _change("cuda-bindings", None, "13.0"),
+            _change("pytorch-triton", "3.6.0", "3.7.0"),
+        ),
+        True,
+    )
+    comps = components(unit)
+    assert [c.name for c in comps] == [
+        "torch itself",
+        "triton",
+        "the CUDA runtime wheels",
+        "torchvision",
+    ]
+    assert comps[0].describe() == "torch itself (2.13.0+cpu → 2.14.1)"
+    assert comps[2].keys == ("nvidia-cublas-cu12", "cuda-bindings")
+    assert comps[2].describe().startswith("the CUDA runtime wheels (2 changed: ")
+
+
+def test_outside_pins_reads_requires_dist_and_skips_extras() -> None:
+    requires = [
+        'pytorch-triton==3.7.0; platform_system == "Linux"',
+        'nvidia-cublas-cu12==12.9; platform_system == "Linux"',
+        'opt-einsum>=3.3; extra == "opt-einsum"',
+    ]
+    versions = {"pytorch-triton": "3.6.0", "nvidia-cublas-cu12": None, "opt-einsum": "1.0"}
+    lines = outside_pins("2.14.1", requires, versions)
+    import sys
+
+    if sys.platform != "linux":  # the markers say Linux
+        assert lines == []
+        return
+    assert lines == [
+        "nvidia-cublas-cu12 is absent with torch 2.14.1, which pins it (==12.9): result may "
+        "not be meaningful",
+        "pytorch-triton 3.6.0 with torch 2.14.1 is outside torch's pin (==3.7.0): result may "
+        "not be meaningful",
+    ]
+    assert outside_pins("2.14.1+cpu", requires, {"pytorch-triton": "3.7.0"}) == []
+
+
+def test_releases_between_compare_public_versions_and_follow_the_direction() -> None:
+    available = [Version(v) for v in ("2.12.0", "2.13.0", "2.13.0+cpu", "2.14.0", "2.14.1")]
+    assert _between("2.13.0+cpu", "2.14.1", available) == ["2.14.0"]
+    assert _between("2.14.1", "2.13.0+cpu", available) == ["2.14.0"]
+    more = [*available, Version("2.13.1"), Version("2.14.0rc1")]
+    assert _between("2.14.1", "2.12.0", more) == ["2.14.0", "2.13.1", "2.13.0"]
+    assert _between("1.0", "2.0", [Version("1.0"), Version("2.0")]) == []
+
+
+def test_first_bad_is_binary_search_and_skips_unresolved_items() -> None:
+    truth = [Verdict.GOOD, Verdict.GOOD, Verdict.BAD, Verdict.BAD, Verdict.BAD]
+    calls: list[int] = []
+
+    def test(p: int) -> Verdict:
+        calls.append(p)
+        return truth[p]
+
+    found = first_bad(len(truth), test)
+    assert found.first_bad == 2
+    assert len(calls) <= math.ceil(math.log2(len(truth)))
+    assert 4 not in calls  # the last item is the bad endpoint: never tested
+    mixed = [Verdict.GOOD, Verdict.UNRESOLVED, Verdict.GOOD, Verdict.BAD, Verdict.BAD]
+    skipping = first_bad(len(mixed), lambda p: mixed[p])
+    assert skipping.first_bad == 3  # item 1 skipped, item 2 measured good past it
+    assert (1, Verdict.UNRESOLVED) in skipping.tested
+    hidden = first_bad(3, lambda p: Verdict.UNRESOLVED)
+    assert hidden.first_bad is None and hidden.candidates == (0, 1, 2)
+    assert first_bad(8, lambda p: Verdict.GOOD, budget=1).spent
+
+
+def test_release_wording_in_both_directions() -> None:
+    up = ReleaseSearch("torch", "2.13.0+cpu", "2.14.1", ("2.14.0",), first_bad="2.14.0")
+    assert up.sentence() == "first bad release: torch 2.14.0 (2.13.0+cpu is the last fast one)"
+    down = ReleaseSearch("torch", "2.14.1", "2.13.0+cpu", ("2.14.0",), first_bad="2.13.0+cpu")
+    assert down.sentence() == (
+        "first bad release going down from 2.14.1: torch 2.13.0+cpu is the newest slow "
+        "release; torch 2.14.0 fixed it (every release from 2.14.0 up is fast)"
+    )
+    assert down.as_dict()["direction"] == "downgrade"
+    assert down.as_dict()["last_good"] == "2.14.0"
