@@ -31,8 +31,9 @@ work = 1
 for name in os.environ.get("EB_WORK_MODULES", "ebwork").split(","):
     try:
         work *= __import__(name).WORK
-    except ImportError:
-        pass
+    except ModuleNotFoundError as exc:
+        if exc.name != name:  # absent is fine; a module that fails to import is a crash
+            raise
 here = os.path.dirname(os.path.abspath(__file__))
 knob = os.path.join(here, "knob.txt")
 if os.path.exists(knob):

@@ -102,7 +102,7 @@ def test_a_guilty_torch_stack_is_split_to_the_component_that_made_it_slow(
     assert any(pin in w for w in stack_doc["outside_pins"]), stack_doc
     assert pin in res.stderr
     # The CUDA wheels are said: changed, and one stayed beside a +cpu torch.
-    assert "the CUDA runtime wheels changed: the CUDA runtime wheels (1 changed" in res.stdout
+    assert "the CUDA runtime wheels changed too (nvidia-fake-ebstack 1.0 → 2.0)" in res.stdout
     assert "1 CUDA wheel(s) stayed installed beside torch 2.0+cpu (nvidia-fake-ebkept)" in (
         res.stdout
     )
@@ -117,6 +117,55 @@ def test_a_guilty_torch_stack_is_split_to_the_component_that_made_it_slow(
     assert 1 <= len(split_rows) <= 3
     assert "torch-stack[triton]" in {a for t in split_rows for a in t["applied"]}
     assert "culprit within the torch stack: triton" in (sc.tmp / "report.md").read_text()
+
+
+FAKE_TORCH_2 = """import nvidia_fake_ebstack
+if nvidia_fake_ebstack.ABI != 2:
+    raise ImportError("libtorch_fake.so: undefined symbol: ebstack_v2 (CUDA wheels too old)")
+WORK = %d
+"""
+
+
+@pytest.mark.slow
+def test_torch_itself_then_its_first_bad_release_with_mixes_that_do_not_import_unresolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sc = Scenario(tmp_path)
+    w = sc.wheels
+    old_pins = ("triton==1.0", "nvidia-fake-ebstack==1.0")
+    new_pins = ("triton==2.0", "nvidia-fake-ebstack==2.0")
+    build_wheel(w, "torch", "1.0", "WORK = 1\n", old_pins)
+    build_wheel(w, "torch", "1.5", "WORK = 1  # still fast\n", new_pins)
+    build_wheel(w, "torch", "1.8", f"WORK = {SLOWDOWN}  # the slow one\n", new_pins)
+    build_wheel(w, "torch", "2.0+cpu", FAKE_TORCH_2 % SLOWDOWN, new_pins)
+    build_wheel(w, "triton", "1.0", "WORK = 1\n")
+    build_wheel(w, "triton", "2.0", "WORK = 1  # same speed\n")
+    build_wheel(w, "nvidia-fake-ebstack", "1.0", "WORK = 1\nABI = 1\n")
+    build_wheel(w, "nvidia-fake-ebstack", "2.0", "WORK = 1\nABI = 2  # new\n")
+    sc.venv("ebwork==1.0", "torch==2.0+cpu", "triton==2.0", "nvidia-fake-ebstack==2.0")
+    monkeypatch.setenv("EB_WORK_MODULES", STACK_MODULES)
+    good = {"torch": pkg("1.0"), "triton": pkg("1.0"), "nvidia-fake-ebstack": pkg("1.0")}
+    bad = {"torch": pkg("2.0+cpu"), "triton": pkg("2.0"), "nvidia-fake-ebstack": pkg("2.0")}
+    _write(sc, {**good, "ebwork": pkg("1.0")}, {**bad, "ebwork": pkg("1.0")})
+
+    res, doc = _run(sc)
+
+    assert res.return_value == 0, res.output
+    within = doc["culprits"][0]["within"]
+    assert within["stack"]["culprit"]["component"] == "torch itself"
+    assert "culprit within the torch stack: torch itself (1.0 → 2.0+cpu)" in res.stdout
+    # torch 2.0 on the old CUDA wheels does not import: unresolved, never taken as slow.
+    split = [t for t in doc["trials"] if t["purpose"] == "narrow: torch stack"]
+    failed = [t for t in split if t["failure"]]
+    assert failed and all(t["verdict"] == "unresolved" for t in failed), split
+    assert "does not import" in failed[0]["failure"]
+    assert "undefined symbol: ebstack_v2" in failed[0]["failure"]
+    release = within["release"]
+    assert release["releases"] == ["1.5", "1.8"]
+    assert release["first_bad"] == "1.8"
+    assert "first bad release: torch 1.8 (1.5 is the last fast one)" in res.stdout
+    assert release["trials"] <= math.ceil(math.log2(2)) + 1
+    assert "the CUDA runtime wheels stayed at the bad state's versions" in release["note"]
 
 
 @pytest.mark.slow

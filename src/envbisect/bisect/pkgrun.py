@@ -16,7 +16,8 @@ release.
    are bisected to the first bad one (``narrow.first_bad``): at most ⌈log2 (R + 1)⌉ trials
    for R releases in between, within the run's ``--max-trials``. Each release is installed
    from the same sources; the unit's other wheels stay at the versions of the state below it
-   (for torch: its companions at the good state's versions, said in the result).
+   (for torch: its companions at the good state's versions, or the bad state's where torch
+   was found slow only with them; said in the result, with any pin they leave).
 
 Trials go through the run's own test function (``hunkrun.Measure``), so they are numbered,
 logged and replayed like the engine's. Nothing here prints: progress goes to a callback.
@@ -273,6 +274,8 @@ class _Step:
 def _torch_metadata(actuator: Any, state: State) -> tuple[str, list[str]] | None:
     """(version, Requires-Dist) of the torch a state runs: from its overlay venv (the wheel
     installed there, else the link farm of the target's), else the target's own."""
+    if actuator.remote:
+        return None  # its files are on the target, not here: no pins read
     venv = actuator.venv_of(frozenset(state.applied), dict(state.positions))
     paths: list[str] = []
     if venv is not None:
@@ -303,7 +306,9 @@ def _cuda_note(comps: Sequence[Component], bad: Any) -> str | None:
     )
     out = []
     if cuda is not None:
-        out.append(f"the CUDA runtime wheels changed: {cuda.describe()}")
+        shown = [f"{c.key} {c.old or 'absent'} → {c.new or 'absent'}" for c in cuda.changes]
+        more = f", … {len(shown) - 3} more" if len(shown) > 3 else ""
+        out.append(f"the CUDA runtime wheels changed too ({', '.join(shown[:3])}{more})")
     if torch is not None and torch.version and "+cpu" in torch.version and kept:
         out.append(
             f"{len(kept)} CUDA wheel(s) stayed installed beside torch {torch.version} "
@@ -311,6 +316,20 @@ def _cuda_note(comps: Sequence[Component], bad: Any) -> str | None:
             "use them"
         )
     return "; ".join(out) or None
+
+
+def _companions(comps: Sequence[Component], culprit: Component, base: Mapping[str, Any]) -> str:
+    """Where torch's companions stay while its releases are tried (not re-resolved for each
+    release: the pin warnings say when that leaves one outside a release's pins)."""
+    good = [c.name for c in comps if c is not culprit and c.keys[0] not in base]
+    bad = [c.name for c in comps if c is not culprit and c.keys[0] in base]
+    parts = [f"{', '.join(good)} stayed at the good state's versions"] if good else []
+    if bad:
+        parts.append(
+            f"{', '.join(bad)} stayed at the bad state's versions (torch itself was measured "
+            "slow with them)"
+        )
+    return "; ".join(parts)
 
 
 def split_stack(step: _Step) -> tuple[StackSplit, frozenset[int], Component | None]:
@@ -338,7 +357,9 @@ def split_stack(step: _Step) -> tuple[StackSplit, frozenset[int], Component | No
         f"trial {step.m.number(t.state)}: {w}" for t in step.m.trials for w in step.pins(t.state)
     )
     culprit = comps[iso.culprit] if iso.culprit is not None else None
-    slow_alone = iso.alone is None or iso.alone is Verdict.BAD
+    # alone GOOD: slow only with the others; UNRESOLVED (it does not run without them, e.g.
+    # an ImportError): still the culprit, measured with them.
+    slow_alone = iso.alone is not Verdict.GOOD
     together = () if slow_alone else tuple(comps[i] for i in sorted(iso.passing))
     split = StackSplit(
         step.unit.id,
@@ -350,19 +371,23 @@ def split_stack(step: _Step) -> tuple[StackSplit, frozenset[int], Component | No
         trials=len(step.m.trials),
         cuda_note=cuda,
     )
-    base = frozenset() if slow_alone else iso.passing
-    return split, frozenset(i for i in base), culprit
+    base = frozenset() if iso.alone in (None, Verdict.BAD) else iso.passing
+    return split, base, culprit
 
 
 def search_releases(
     step: _Step, key: str, base: Mapping[str, Any], releases: Releases, companions: str | None
-) -> ReleaseSearch:
+) -> ReleaseSearch | None:
     """Bisect the releases of package ``key`` between its good and bad versions, the unit's
-    other packages at ``base`` (their values below the culprit)."""
+    other packages at ``base`` (their values below the culprit). None when the package is
+    absent on one side (added or removed: there is nothing between)."""
     good = PackageEntry.of(step.a.good.section("packages").get(key))
     bad = PackageEntry.of(step.bad_value(key))
     if good is None or bad is None or not good.version or not bad.version:
-        return ReleaseSearch(key, str(good and good.version), str(bad and bad.version), ())
+        return None
+    if step.budget() == 0:
+        note = f"--max-trials reached: the releases of {key} were not searched"
+        return ReleaseSearch(key, good.version, bad.version, (), note=note, spent=True)
     if good.direct_url or bad.direct_url:
         note = f"{key} was installed from a direct URL: no release search"
         return ReleaseSearch(key, good.version, bad.version, (), note=note)
@@ -380,7 +405,7 @@ def search_releases(
         return ReleaseSearch(key, good.version, bad.version, (), note=note)
     kept = None
     if companions:
-        kept = f"during the release search {companions} stayed at the good state's versions"
+        kept = f"during the release search {companions}"
     step.m.progress(
         f"{key} alone is guilty: bisecting the {len(between)} release(s) between "
         f"{good.version} and {bad.version} ({', '.join(between)})"
@@ -470,11 +495,9 @@ def find_within(
         base = {k: step.bad_value(k) for i in passing for k in comps[i].keys}
         key = culprit.keys[0] if culprit is not None and len(culprit.keys) == 1 else None
         if culprit is not None and culprit.name == TORCH:
-            others = [c.name for c in comps if c is not culprit and c.keys[0] not in base]
-            companions = ", ".join(others) or None
-    release = None
-    if key is not None and (step.budget() is None or (step.budget() or 0) > 0):
-        release = search_releases(step, key, base, releases, companions)
+            companions = _companions(comps, culprit, base)
+    release = None if key is None else search_releases(step, key, base, releases, companions)
+    if release is not None:
         progress(release.sentence())
     labels = tuple(step.labels.items())
     return PackageFinding(unit.id, split, release, tuple(m.trials), labels)
