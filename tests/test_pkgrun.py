@@ -198,6 +198,26 @@ def test_the_first_bad_release_between_the_endpoints_is_named_within_the_bound(
     assert "first bad release: ebwork 2.2" in (sc.tmp / "report.md").read_text()
 
 
+@pytest.mark.slow
+def test_the_release_search_counts_in_max_trials(tmp_path: Path) -> None:
+    sc = Scenario(tmp_path)
+    build_wheel(sc.wheels, "ebwork", "2.1", "WORK = 1  # still fast\n")
+    build_wheel(sc.wheels, "ebwork", "2.2", f"WORK = {SLOWDOWN}  # the slow one\n")
+    sc.venv("ebwork==3.0", "ebonly==1.0")
+    _write(sc, {"ebwork": pkg("1.0")}, {"ebwork": pkg("3.0"), "ebonly": pkg("1.0")})
+
+    res, doc = _run(sc, "--max-trials", "5")
+
+    assert res.return_value == 0, res.output
+    assert len(doc["trials"]) == 5  # 2 endpoints, 2 to isolate and confirm, 1 release
+    release = doc["culprits"][0]["within"]["release"]
+    assert release["trials"] == 1 and release["budget_spent"]
+    assert release["first_bad"] is None
+    assert len(release["candidates"]) >= 2
+    assert "first bad release of ebwork: one of " in res.stdout
+    assert "(--max-trials reached)" in res.stdout
+
+
 # ---------------------------------------------------------------------------- pure parts
 
 

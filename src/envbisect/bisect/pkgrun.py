@@ -130,7 +130,8 @@ class ReleaseSearch:
             return self.note or f"no release of {name} lies between {self.good} and {self.bad}"
         if self.first_bad is None:
             among = ", ".join(self.candidates)
-            return f"first bad release of {name}: one of {among} (the others are unresolved)"
+            why = "--max-trials reached" if self.spent else "unresolved releases hide it"
+            return f"first bad release of {name}: one of {among} ({why})"
         fast = self.last_good()
         if self.upgrade:
             return f"first bad release: {name} {self.first_bad} ({fast} is the last fast one)"
