@@ -147,7 +147,7 @@ def uv_resolver(config: Config) -> Resolver:
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
             raise ReconstructError(f"uv pip compile: {last.strip()}")
-        return _pins(proc.stdout)
+        return compiled_pins(proc.stdout)
 
     return resolve
 
@@ -163,7 +163,8 @@ def _source_args(config: Config) -> list[str]:
     return argv
 
 
-def _pins(text: str) -> dict[str, str]:
+def compiled_pins(text: str) -> dict[str, str]:
+    """``uv pip compile`` output → normalised name → pinned version."""
     from packaging.utils import canonicalize_name
 
     out: dict[str, str] = {}

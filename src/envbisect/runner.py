@@ -77,7 +77,7 @@ from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
     from envbisect.bisect.hunkrun import HunkTrial
-    from envbisect.bisect.pkgrun import PackageFinding, Releases
+    from envbisect.bisect.pkgrun import PackageFinding, Releases, Resolve
     from envbisect.bisect.slurm import Allocations
     from envbisect.bisect.workers import Worker, WorkerPool
     from envbisect.config import Config
@@ -1354,10 +1354,9 @@ def _package_step(
     def number(state: State) -> int:
         return tester.index_of.get(state_key(state.applied, state.positions), 0)
 
-    releases = _releases(context.options, tester.actuator)
-    found = find_within(
-        result, tester.actuator, tester, settings, tester.progress, number, releases
-    )
+    act = tester.actuator
+    releases, resolve = _releases(context.options, act), _resolver(context.options, act)
+    found = find_within(result, act, tester, settings, tester.progress, number, releases, resolve)
     if found is None:
         return None, ()
     return found, _step_rows(found.trials, context, number, dict(found.labels))
@@ -1375,6 +1374,20 @@ def _releases(options: RunOptions, actuator: Actuator) -> Releases:
         return available_versions(name, replace(sources, target_python=python))
 
     return releases
+
+
+def _resolver(options: RunOptions, actuator: Actuator) -> Resolve | None:
+    """What a release of torch pins, resolved by uv against the configured sources for the
+    target's python (None: no uv here)."""
+    from envbisect.bisect.pkgrun import uv_resolver
+    from envbisect.sources import Sources, uv_args
+
+    try:
+        uv = actuator.uv_path()
+    except EnvBisectError:
+        return None
+    sources = Sources.from_config(options.config)
+    return uv_resolver(uv, uv_args(sources), actuator.target().version)
 
 
 def _step_rows(

@@ -15,9 +15,11 @@ release.
    versions that the configured sources hold (``releases(name)``: final releases, ascending)
    are bisected to the first bad one (``narrow.first_bad``): at most ⌈log2 (R + 1)⌉ trials
    for R releases in between, within the run's ``--max-trials``. Each release is installed
-   from the same sources; the unit's other wheels stay at the versions of the state below it
-   (for torch: its companions at the good state's versions, or the bad state's where torch
-   was found slow only with them; said in the result, with any pin they leave).
+   from the same sources. For torch, its companions (triton, the CUDA wheels, ... of the
+   unit) take the versions that release pins, resolved with ``uv pip compile`` against the
+   same sources (``uv_resolver``); where that fails they stay at the versions of the state
+   below (the good state's, or the bad state's where torch was measured slow with them),
+   said in the result together with any pin that leaves.
 
 Trials go through the run's own test function (``hunkrun.Measure``), so they are numbered,
 logged and replayed like the engine's. Nothing here prints: progress goes to a callback.
@@ -26,6 +28,8 @@ logged and replayed like the engine's. Nothing here prints: progress goes to a c
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -39,7 +43,7 @@ from envbisect.bisect.hunkrun import HunkSettings, HunkTrial, Measure
 from envbisect.bisect.narrow import first_bad, isolate_hunks
 from envbisect.bisect.search import Outcome, SearchOutcome, SearchResult, State
 from envbisect.bisect.verdict import Judge, Noise, Verdict
-from envbisect.errors import EnvBisectError
+from envbisect.errors import ActuationError, EnvBisectError
 from envbisect.failure import Failure
 from envbisect.sections.packages import PackageEntry
 from envbisect.sections.torch_stack import TORCH, Component, components, outside_pins
@@ -49,6 +53,8 @@ RELEASES = "narrow: releases of "
 
 # package name → the final releases the configured sources hold, ascending.
 Releases = Callable[[str], Sequence[Version]]
+# "torch==2.14.0" → normalised name → version of everything it pins, as the sources resolve it.
+Resolve = Callable[[str], Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ class ReleaseSearch:
     trials: int = 0
     note: str | None = None  # why there was no search, or what stayed fixed meanwhile
     spent: bool = False  # --max-trials ended it
+    warnings: tuple[str, ...] = ()  # releases measured outside torch's pins (``trial N: …``)
 
     @property
     def upgrade(self) -> bool:
@@ -154,6 +161,7 @@ class ReleaseSearch:
             "note": self.note,
             "trials": self.trials,
             "budget_spent": self.spent,
+            "outside_pins": list(self.warnings),
         }
 
 
@@ -178,6 +186,7 @@ class PackageFinding:
             out.append(self.release.sentence())
             if self.release.note and self.release.releases:
                 out.append(self.release.note)
+            out += [f"warning: {w}" for w in self.release.warnings]
         return out
 
     def as_dict(self) -> dict[str, Any]:
@@ -319,9 +328,9 @@ def _cuda_note(comps: Sequence[Component], bad: Any) -> str | None:
     return "; ".join(out) or None
 
 
-def _companions(comps: Sequence[Component], culprit: Component, base: Mapping[str, Any]) -> str:
-    """Where torch's companions stay while its releases are tried (not re-resolved for each
-    release: the pin warnings say when that leaves one outside a release's pins)."""
+def _kept(comps: Sequence[Component], culprit: Component, base: Mapping[str, Any]) -> str:
+    """Where torch's companions stay while its releases are tried when they are not
+    resolved for each release (the pin warnings say what that leaves outside the pins)."""
     good = [c.name for c in comps if c is not culprit and c.keys[0] not in base]
     bad = [c.name for c in comps if c is not culprit and c.keys[0] in base]
     parts = [f"{', '.join(good)} stayed at the good state's versions"] if good else []
@@ -376,8 +385,59 @@ def split_stack(step: _Step) -> tuple[StackSplit, frozenset[int], Component | No
     return split, base, culprit
 
 
+def _entry(version: str) -> dict[str, Any]:
+    """A ``packages:`` value for ``version`` from the sources."""
+    return {"version": version, "editable": False, "direct_url": None}
+
+
+@dataclass
+class Companions:
+    """torch's companions while its releases are tried: resolved per release against the
+    sources (``resolve``: ``torch==V`` → the versions it pins), else left where ``kept``
+    says (the versions of the state below). Mutable: it records what each release got."""
+
+    keys: tuple[str, ...]  # the unit's other package keys
+    kept: str
+    resolve: Resolve | None = None
+    resolved: dict[str, dict[str, str]] = field(default_factory=dict)  # release → key → v
+    failed: dict[str, str] = field(default_factory=dict)  # release → why not
+
+    def values(self, key: str, version: str) -> dict[str, Any]:
+        """The companions' values for release ``version`` of ``key`` ({} when unresolved)."""
+        if self.resolve is None or not self.keys:
+            return {}
+        try:
+            pins = self.resolve(f"{key}=={version}")
+        except (EnvBisectError, OSError, ValueError) as exc:
+            self.failed[version] = str(exc)
+            return {}
+        got = {k: pins[canonicalize_name(k)] for k in self.keys if canonicalize_name(k) in pins}
+        self.resolved[version] = got
+        return {k: _entry(v) for k, v in got.items()}
+
+    def note(self) -> str:
+        parts = []
+        if self.resolved:
+            shown = "; ".join(
+                f"{v}: " + (", ".join(f"{k} {x}" for k, x in sorted(p.items())) or "none of them")
+                for v, p in self.resolved.items()
+            )
+            parts.append(
+                "torch's companions were resolved for each release with uv pip compile "
+                f"against the configured sources ({shown})"
+            )
+        if self.failed or self.resolve is None:
+            why = "; ".join(f"{v}: {w}" for v, w in self.failed.items())
+            parts.append(self.kept + (f" (could not resolve them: {why})" if why else ""))
+        return "during the release search " + "; ".join(parts)
+
+
 def search_releases(
-    step: _Step, key: str, base: Mapping[str, Any], releases: Releases, companions: str | None
+    step: _Step,
+    key: str,
+    base: Mapping[str, Any],
+    releases: Releases,
+    companions: Companions | None,
 ) -> ReleaseSearch | None:
     """Bisect the releases of package ``key`` between its good and bad versions, the unit's
     other packages at ``base`` (their values below the culprit). None when the package is
@@ -404,26 +464,25 @@ def search_releases(
             "configured sources: no release search"
         )
         return ReleaseSearch(key, good.version, bad.version, (), note=note)
-    kept = None
-    if companions:
-        kept = f"during the release search {companions}"
     step.m.progress(
         f"{key} alone is guilty: bisecting the {len(between)} release(s) between "
         f"{good.version} and {bad.version} ({', '.join(between)})"
     )
     spent_before = len(step.m.trials)
-    item_values = [
-        {**base, key: {"version": v, "editable": False, "direct_url": None}} for v in between
-    ]
 
     def test(p: int) -> Verdict:
-        shown = f"{key} {between[p]} (a release between the endpoints)"
-        return step.measure(
-            step.state(item_values[p]), RELEASES + key, shown, f"{key}=={between[p]}"
-        )
+        v = between[p]
+        values = {**base, **(companions.values(key, v) if companions else {}), key: _entry(v)}
+        shown = f"{key} {v} (a release between the endpoints)"
+        return step.measure(step.state(values), RELEASES + key, shown, f"{key}=={v}")
 
     found = first_bad(len(between) + 1, test, budget=step.budget())
     order = [*between, bad.version]
+    warnings = tuple(
+        f"trial {step.m.number(t.state)}: {w}"
+        for t in step.m.trials[spent_before:]
+        for w in step.pins(t.state)
+    )
     return ReleaseSearch(
         key,
         good.version,
@@ -432,8 +491,9 @@ def search_releases(
         first_bad=order[found.first_bad] if found.first_bad is not None else None,
         candidates=tuple(order[p] for p in found.candidates),
         trials=len(step.m.trials) - spent_before,
-        note=kept,
+        note=companions.note() if companions else None,
         spent=found.spent,
+        warnings=warnings,
     )
 
 
@@ -474,6 +534,7 @@ def find_within(
     progress: Callable[[str], None],
     number: Callable[[State], int],
     releases: Releases,
+    resolve: Resolve | None = None,
 ) -> PackageFinding | None:
     """Below the first guilty package unit of ``result``: the stack's component, then the
     first bad release (see the module docstring). None when no culprit is a package unit."""
@@ -488,7 +549,7 @@ def find_within(
     split = None
     key: str | None = str(unit.changes[0].key)
     base: dict[str, Any] = {}
-    companions = None
+    companions: Companions | None = None
     if unit.section == "torch-stack":
         split, passing, culprit = split_stack(step)
         progress(split.sentence())
@@ -496,9 +557,36 @@ def find_within(
         base = {k: step.bad_value(k) for i in passing for k in comps[i].keys}
         key = culprit.keys[0] if culprit is not None and len(culprit.keys) == 1 else None
         if culprit is not None and culprit.name == TORCH:
-            companions = _companions(comps, culprit, base)
+            keys = tuple(k for c in comps if c is not culprit for k in c.keys)
+            companions = Companions(keys, _kept(comps, culprit, base), resolve)
     release = None if key is None else search_releases(step, key, base, releases, companions)
     if release is not None:
         progress(release.sentence())
     labels = tuple(step.labels.items())
     return PackageFinding(unit.id, split, release, tuple(m.trials), labels)
+
+
+def uv_resolver(uv: str, source_args: Sequence[str], python: str) -> Resolve:
+    """``uv pip compile`` of one requirement against the sources (``source_args``: uv's
+    options for them) for the target's ``python`` version (``3.12``)."""
+
+    def resolve(requirement: str) -> Mapping[str, str]:
+        from envbisect.reconstruct import compiled_pins
+
+        with tempfile.TemporaryDirectory(prefix="envbisect-pins-") as tmp:
+            src = Path(tmp) / "requirements.in"
+            src.write_text(requirement + "\n", encoding="utf-8")
+            argv = [uv, "pip", "compile", "-q", "--no-header", "--no-annotate"]
+            argv += ["--python-version", python, str(src), *source_args]
+            try:
+                proc = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=300, cwd=tmp, check=False
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise ActuationError(f"uv pip compile {requirement}: {exc}") from None
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+            raise ActuationError(f"uv pip compile {requirement}: {last.strip()}")
+        return compiled_pins(proc.stdout)
+
+    return resolve
