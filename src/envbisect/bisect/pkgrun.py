@@ -553,6 +553,8 @@ def find_within(
     if unit.section == "torch-stack":
         split, passing, culprit = split_stack(step)
         progress(split.sentence())
+        if split.cuda_note:
+            progress(split.cuda_note)
         comps = split.components
         base = {k: step.bad_value(k) for i in passing for k in comps[i].keys}
         key = culprit.keys[0] if culprit is not None and len(culprit.keys) == 1 else None
