@@ -73,6 +73,7 @@ from envbisect.metric import (
     measure,
 )
 from envbisect.sections.caches import CACHE_ENV
+from envbisect.sources import Sources
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
@@ -1257,9 +1258,7 @@ def _actuator(
         session=session,
         python=options.python,
         transport=options.transport,
-        index_url=getattr(config, "index_url", None),
-        extra_index_urls=tuple(getattr(config, "extra_index_urls", ()) or ()),
-        find_links=tuple(getattr(config, "find_links", ()) or ()),
+        sources=Sources.from_config(config),
         data_map=dict(getattr(config, "data_map", {}) or {}),
         blob_dirs=(config.blobs_dir,) if config is not None else (),
         cwd=options.cwd,

@@ -181,6 +181,26 @@ def uv_args(sources: Sources, package: str | None = None) -> list[str]:
     return args
 
 
+def install_groups(
+    requirements: Mapping[str, str], sources: Sources
+) -> list[tuple[list[str], list[str]]]:
+    """``{name: requirement}`` as ``(uv options, requirements)`` per ``uv pip install`` call:
+    one call for everything from the shared sources, one per index a pin binds a package to
+    (installs are ``--no-deps``, so splitting them changes nothing else)."""
+    shared: list[str] = []
+    bound: dict[str, list[tuple[str, str]]] = {}
+    for name, req in sorted(requirements.items()):
+        index = sources.bound_index(name)
+        if index is None or "@" in req:  # a direct URL comes from where it says
+            shared.append(req)
+        else:
+            bound.setdefault(index, []).append((name, req))
+    groups = [(uv_args(sources), shared)] if shared else []
+    for pairs in bound.values():
+        groups.append((uv_args(sources, pairs[0][0]), [req for _name, req in pairs]))
+    return groups
+
+
 @dataclass(frozen=True)
 class DistFile:
     """One file a source offers for a package."""

@@ -245,21 +245,23 @@ def _venv_known(venv):
 def _install(params, uv, run):
     """``uv pip install --no-deps`` of the wanted packages; the failure (also kept in the
     venv's FAILED file, so a revisit does not retry) or None."""
-    install = list(params.get("install") or ())
-    if not install:
-        return None
+    groups = params.get("installs")
+    if groups is None:  # one call with the shared sources (the host named none)
+        groups = [[[], list(params.get("install") or ())]]
     venv = params["venv"]
-    argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode"]
-    argv += ["--python", os.path.join(venv, "bin", "python")]
-    if params.get("index_url"):
-        argv += ["--index-url", params["index_url"]]
-    for url in params.get("extra_index_urls") or ():
-        argv += ["--extra-index-url", url]
-    for link in params.get("find_links") or ():
-        argv += ["--find-links", link]
-    code, text, log = run(argv + install, "build-install")
-    if code == 0:
-        return None
+    for source_args, install in groups:
+        if not install:
+            continue
+        # The host's envbisect.sources.uv_args: indexes, find-links, strategy, offline.
+        argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode"]
+        argv += ["--python", os.path.join(venv, "bin", "python")] + list(source_args)
+        code, text, log = run(argv + list(install), "build-install")
+        if code != 0:
+            return _install_failed(venv, install, params, text, log)
+    return None
+
+
+def _install_failed(venv, install, params, text, log):
     why = "build: uv pip install {} failed{}: {}".format(
         " ".join(install), params.get("where", " on the target"), _tail(text)
     )
