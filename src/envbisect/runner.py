@@ -52,6 +52,7 @@ from envbisect.bisect.search import (
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import (
+    ActuationError,
     CommandFailed,
     EnvBisectError,
     Interrupted,
@@ -1154,6 +1155,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         tester.n_units = len(units)
         if not units:
             return _nothing_to_bisect(context, actuator)
+        _check_sources(options, actuator, diff, context.blocked, progress)
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
         hunk, hunk_rows = _hunk_step(result, context, tester)
     except EnvBisectError as exc:
@@ -1218,6 +1220,39 @@ def _guard(
         session.append({"type": "end", "outcome": "refused", "message": str(exc)})
         session.unlock()
         raise
+
+
+def _check_sources(
+    options: RunOptions,
+    actuator: Actuator,
+    diff: DiffResult,
+    blocked: Mapping[str, str],
+    progress: Progress,
+) -> None:
+    """SourcesMissing before the first trial when a package version either endpoint's state
+    needs is in none of the configured sources (``envbisect.precheck``)."""
+    from envbisect.precheck import check_sources, package_needs
+
+    needs = package_needs(actuator.good, actuator.bad, diff.units, blocked)
+    if not needs:
+        return
+    if actuator.remote:
+        # The sources' paths are the target's; this host cannot read them.
+        progress("note: package sources not checked up front (the target is remote)")
+        return
+    target = actuator.target()
+    try:
+        uv: str | None = actuator.uv_path()
+    except ActuationError:
+        uv = None  # said by the first state that needs it
+    check_sources(
+        needs,
+        actuator.package_sources(),
+        installed={name: str(d.get("version")) for name, d in target.dists.items()},
+        python=target.version,
+        uv=uv,
+        config_path=getattr(options.config, "path", None),
+    )
 
 
 def _open_session(options: RunOptions) -> Session:
