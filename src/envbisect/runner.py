@@ -74,7 +74,7 @@ from envbisect.metric import (
     measure,
 )
 from envbisect.sections.caches import CACHE_ENV
-from envbisect.sources import Sources
+from envbisect.sources import Sources, uv_args
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
@@ -631,6 +631,12 @@ class RunResult:
     threshold_fraction: float | None = None
     noise: float | None = None  # per-sample spread (log scale) the verdicts used
     machine: Mapping[str, Any] = field(default_factory=dict)  # the report's header
+    # How the report's Next reproduces a state: the target interpreter, the command's cwd,
+    # the uv that built the venvs and the package sources' uv options.
+    python: str | None = None
+    cwd: str | None = None
+    uv: str = "uv"
+    uv_args: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -1483,7 +1489,30 @@ class _RunContext:
             threshold_source=self.options.goal.source,
             threshold_fraction=self.options.goal.fraction,
             machine=machine_facts(self.bad, self.options),
+            python=self.options.python,
+            cwd=str(self.options.cwd or Path.cwd()),
+            uv=_uv_word(self.actuator),
+            uv_args=tuple(
+                uv_args(
+                    self.actuator.package_sources()
+                    if self.actuator is not None
+                    else Sources.from_config(self.options.config)
+                )
+            ),
         )
+
+
+def _uv_word(actuator: Actuator | None) -> str:
+    """How the report's commands call uv: ``uv`` when that is the one on PATH, else the
+    path of the uv the run used."""
+    if actuator is None or actuator.remote:
+        return "uv"
+    try:
+        used = actuator.uv_path()
+    except ActuationError:
+        return "uv"
+    on_path = shutil.which("uv")
+    return "uv" if on_path and os.path.realpath(on_path) == os.path.realpath(used) else used
 
 
 def _nothing_to_bisect(context: _RunContext, actuator: Actuator) -> RunResult:

@@ -354,7 +354,21 @@ def _fetch(url: str, accept_json: bool) -> tuple[str, str, str] | None:
         return None
     if parsed.scheme not in ("http", "https"):
         raise SourceError(f"envbisect.yaml: source {url}: not a file, http or https location")
-    request = urllib.request.Request(url, headers={"Accept": _JSON_ACCEPT} if accept_json else {})
+    headers = {"Accept": _JSON_ACCEPT} if accept_json else {}
+    plain = url
+    if parsed.username is not None:
+        # uv's form user:password@host: urllib wants it as a header, not in the host.
+        import base64
+
+        secret = (
+            f"{urllib.parse.unquote(parsed.username)}:{urllib.parse.unquote(parsed.password or '')}"
+        )
+        headers["Authorization"] = "Basic " + base64.b64encode(secret.encode()).decode()
+        host = parsed.hostname or ""
+        plain = urllib.parse.urlunparse(
+            parsed._replace(netloc=host + (f":{parsed.port}" if parsed.port else ""))
+        )
+    request = urllib.request.Request(plain, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=LIST_TIMEOUT_S) as response:  # noqa: S310  (scheme checked above)
             body = response.read().decode("utf-8", errors="replace")
