@@ -280,21 +280,64 @@ def next_command(result: RunResult) -> str | None:
             return None
         return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {smoke}"
     if c.unit.section in ("packages", "torch-stack"):
-        pins = [
-            f"{x.key}=={x.new.get('version') if isinstance(x.new, dict) else x.new}"
-            for x in c.unit.changes
-            if x.section == "packages" and x.new is not None
-        ]
-        if not pins:
-            return None
-        python = _python_of(result)
-        return f"uv pip install --python {shlex.quote(python)} {shlex.join(pins)} && {smoke}"
+        return packages_command(result, c)
     if c.unit.section == "files":
         return (
             f"{smoke}   # with {key} in its bad content (the diff above); trial "
             f"{c.bad_trial}'s trial.json has the exact argv, cwd and environment"
         )
     return None
+
+
+def packages_command(result: RunResult, culprit: Culprit) -> str | None:
+    """The target environment turned into the culprit's state, then the user's command.
+
+    Every package the diff changed is set to its value in that state (the culprit's new
+    value, every other change's good value): ``uv pip uninstall`` of those the state lacks,
+    ``uv pip install --no-deps`` of the rest from the run's package sources (the overlay
+    venvs were built the same way), then the command in the run's cwd with a bare
+    ``python`` replaced by the target interpreter.
+    """
+    from packaging.utils import canonicalize_name
+
+    from envbisect.argvmap import PathMapper
+    from envbisect.sections.packages import PackageEntry
+
+    wanted: dict[str, Any] = {}
+    for unit in result.diff.units:
+        for x in unit.changes:
+            if x.section == "packages":
+                wanted[canonicalize_name(str(x.key))] = (
+                    x.new if unit.id == culprit.unit.id else x.old
+                )
+    if not wanted:
+        return None
+    python = result.python or _python_of(result)
+    installs, removals = [], []
+    for name, value in sorted(wanted.items()):
+        entry = PackageEntry.of(value)
+        if entry is None:
+            removals.append(name)
+        elif entry.version is not None or entry.direct_url:
+            installs.append(entry.requirement(name))
+    steps = []
+    if removals:
+        steps.append(shlex.join([result.uv, "pip", "uninstall", "--python", python, *removals]))
+    if installs:
+        steps.append(
+            shlex.join(
+                [result.uv, "pip", "install", "--python", python, "--no-deps"]
+                + [*result.uv_args, *installs]
+            )
+        )
+    if result.smoke.argv:
+        argv = PathMapper().argv(result.smoke.argv, python)
+        run = shlex.join(argv)
+    else:
+        run = shlex.join(["envbisect", "smoke", "--python", python])
+    if result.cwd:
+        run = f"cd {shlex.quote(result.cwd)} && {run}"
+    return " && ".join([*steps, run])
 
 
 def _python_of(result: RunResult) -> str:

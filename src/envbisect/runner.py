@@ -52,6 +52,7 @@ from envbisect.bisect.search import (
 from envbisect.bisect.session import Session, TrialRecord, state_key
 from envbisect.bisect.verdict import Judge, Noise, Verdict, median
 from envbisect.errors import (
+    ActuationError,
     CommandFailed,
     EnvBisectError,
     Interrupted,
@@ -73,6 +74,7 @@ from envbisect.metric import (
     measure,
 )
 from envbisect.sections.caches import CACHE_ENV
+from envbisect.sources import Sources, uv_args
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
@@ -633,6 +635,12 @@ class RunResult:
     threshold_fraction: float | None = None
     noise: float | None = None  # per-sample spread (log scale) the verdicts used
     machine: Mapping[str, Any] = field(default_factory=dict)  # the report's header
+    # How the report's Next reproduces a state: the target interpreter, the command's cwd,
+    # the uv that built the venvs and the package sources' uv options.
+    python: str | None = None
+    cwd: str | None = None
+    uv: str = "uv"
+    uv_args: tuple[str, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -1157,6 +1165,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         tester.n_units = len(units)
         if not units:
             return _nothing_to_bisect(context, actuator)
+        _check_sources(options, actuator, diff, context.blocked, progress)
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
         hunk, hunk_rows = _hunk_step(result, context, tester)
         within, within_rows = _package_step(result, context, tester)
@@ -1225,6 +1234,39 @@ def _guard(
         raise
 
 
+def _check_sources(
+    options: RunOptions,
+    actuator: Actuator,
+    diff: DiffResult,
+    blocked: Mapping[str, str],
+    progress: Progress,
+) -> None:
+    """SourcesMissing before the first trial when a package version either endpoint's state
+    needs is in none of the configured sources (``envbisect.precheck``)."""
+    from envbisect.precheck import check_sources, package_needs
+
+    needs = package_needs(actuator.good, actuator.bad, diff.units, blocked)
+    if not needs:
+        return
+    if actuator.remote:
+        # The sources' paths are the target's; this host cannot read them.
+        progress("note: package sources not checked up front (the target is remote)")
+        return
+    target = actuator.target()
+    try:
+        uv: str | None = actuator.uv_path()
+    except ActuationError:
+        uv = None  # said by the first state that needs it
+    check_sources(
+        needs,
+        actuator.package_sources(),
+        installed={name: str(d.get("version")) for name, d in target.dists.items()},
+        python=target.version,
+        uv=uv,
+        config_path=getattr(options.config, "path", None),
+    )
+
+
 def _open_session(options: RunOptions) -> Session:
     """The session, resumed or started. Manifests given by path are checked before a session
     exists: a typo must not leave an unfinished session behind."""
@@ -1263,9 +1305,7 @@ def _actuator(
         session=session,
         python=options.python,
         transport=options.transport,
-        index_url=getattr(config, "index_url", None),
-        extra_index_urls=tuple(getattr(config, "extra_index_urls", ()) or ()),
-        find_links=tuple(getattr(config, "find_links", ()) or ()),
+        sources=Sources.from_config(config),
         data_map=dict(getattr(config, "data_map", {}) or {}),
         blob_dirs=(config.blobs_dir,) if config is not None else (),
         cwd=options.cwd,
@@ -1355,39 +1395,36 @@ def _package_step(
         return tester.index_of.get(state_key(state.applied, state.positions), 0)
 
     act = tester.actuator
-    releases, resolve = _releases(context.options, act), _resolver(context.options, act)
+    releases, resolve = _releases(act), _resolver(act)
     found = find_within(result, act, tester, settings, tester.progress, number, releases, resolve)
     if found is None:
         return None, ()
     return found, _step_rows(found.trials, context, number, dict(found.labels))
 
 
-def _releases(options: RunOptions, actuator: Actuator) -> Releases:
-    """The releases of a package that the run's configured sources hold (final ones, with
-    a wheel that fits the target's python)."""
-    from envbisect.sources import Sources, available_versions
-
-    sources = Sources.from_config(options.config)
+def _releases(actuator: Actuator) -> Releases:
+    """The releases of a package that the run's package sources hold (final ones, with a
+    wheel that fits the target's python)."""
+    from envbisect.sources import available_versions
 
     def releases(name: str) -> list[Any]:
-        python = actuator.target().version
-        return available_versions(name, replace(sources, target_python=python))
+        sources = replace(actuator.package_sources(), target_python=actuator.target().version)
+        return available_versions(name, sources)
 
     return releases
 
 
-def _resolver(options: RunOptions, actuator: Actuator) -> Resolve | None:
-    """What a release of torch pins, resolved by uv against the configured sources for the
-    target's python (None: no uv here)."""
+def _resolver(actuator: Actuator) -> Resolve | None:
+    """What a release of torch pins, resolved by uv against the run's package sources for
+    the target's python (None: no uv here)."""
     from envbisect.bisect.pkgrun import uv_resolver
-    from envbisect.sources import Sources, uv_args
+    from envbisect.sources import uv_args
 
     try:
         uv = actuator.uv_path()
     except EnvBisectError:
         return None
-    sources = Sources.from_config(options.config)
-    return uv_resolver(uv, uv_args(sources), actuator.target().version)
+    return uv_resolver(uv, uv_args(actuator.package_sources()), actuator.target().version)
 
 
 def _step_rows(
@@ -1544,7 +1581,30 @@ class _RunContext:
             threshold_source=self.options.goal.source,
             threshold_fraction=self.options.goal.fraction,
             machine=machine_facts(self.bad, self.options),
+            python=self.options.python,
+            cwd=str(self.options.cwd or Path.cwd()),
+            uv=_uv_word(self.actuator),
+            uv_args=tuple(
+                uv_args(
+                    self.actuator.package_sources()
+                    if self.actuator is not None
+                    else Sources.from_config(self.options.config)
+                )
+            ),
         )
+
+
+def _uv_word(actuator: Actuator | None) -> str:
+    """How the report's commands call uv: ``uv`` when that is the one on PATH, else the
+    path of the uv the run used."""
+    if actuator is None or actuator.remote:
+        return "uv"
+    try:
+        used = actuator.uv_path()
+    except ActuationError:
+        return "uv"
+    on_path = shutil.which("uv")
+    return "uv" if on_path and os.path.realpath(on_path) == os.path.realpath(used) else used
 
 
 def _nothing_to_bisect(context: _RunContext, actuator: Actuator) -> RunResult:

@@ -181,6 +181,26 @@ def uv_args(sources: Sources, package: str | None = None) -> list[str]:
     return args
 
 
+def install_groups(
+    requirements: Mapping[str, str], sources: Sources
+) -> list[tuple[list[str], list[str]]]:
+    """``{name: requirement}`` as ``(uv options, requirements)`` per ``uv pip install`` call:
+    one call for everything from the shared sources, one per index a pin binds a package to
+    (installs are ``--no-deps``, so splitting them changes nothing else)."""
+    shared: list[str] = []
+    bound: dict[str, list[tuple[str, str]]] = {}
+    for name, req in sorted(requirements.items()):
+        index = sources.bound_index(name)
+        if index is None or "@" in req:  # a direct URL comes from where it says
+            shared.append(req)
+        else:
+            bound.setdefault(index, []).append((name, req))
+    groups = [(uv_args(sources), shared)] if shared else []
+    for pairs in bound.values():
+        groups.append((uv_args(sources, pairs[0][0]), [req for _name, req in pairs]))
+    return groups
+
+
 @dataclass(frozen=True)
 class DistFile:
     """One file a source offers for a package."""
@@ -234,15 +254,18 @@ def available_versions(
     )
 
 
-def list_package(name: str, sources: Sources) -> Listing:
-    """Every file ``sources`` offer for ``name``: one read per index / find-links location."""
+def list_package(name: str, sources: Sources, *, uv_default: bool = True) -> Listing:
+    """Every file ``sources`` offer for ``name``: one read per index / find-links location.
+
+    ``uv_default``: without a default index in ``sources``, list uv's own default index
+    too (False: offline, where uv would not reach it)."""
     canon = canonicalize_name(name)
     bound = sources.bound_index(canon)
     if bound:
         indexes: tuple[str, ...] = (bound,)
         links: tuple[str, ...] = ()
     else:
-        default = sources.default_index or _uv_default_index()
+        default = sources.default_index or (_uv_default_index() if uv_default else None)
         if default is None and not sources.indexes and not sources.find_links:
             raise SourceError(
                 "envbisect.yaml: no package index to list: name one under 'indexes' "
@@ -331,7 +354,21 @@ def _fetch(url: str, accept_json: bool) -> tuple[str, str, str] | None:
         return None
     if parsed.scheme not in ("http", "https"):
         raise SourceError(f"envbisect.yaml: source {url}: not a file, http or https location")
-    request = urllib.request.Request(url, headers={"Accept": _JSON_ACCEPT} if accept_json else {})
+    headers = {"Accept": _JSON_ACCEPT} if accept_json else {}
+    plain = url
+    if parsed.username is not None:
+        # uv's form user:password@host: urllib wants it as a header, not in the host.
+        import base64
+
+        secret = (
+            f"{urllib.parse.unquote(parsed.username)}:{urllib.parse.unquote(parsed.password or '')}"
+        )
+        headers["Authorization"] = "Basic " + base64.b64encode(secret.encode()).decode()
+        host = parsed.hostname or ""
+        plain = urllib.parse.urlunparse(
+            parsed._replace(netloc=host + (f":{parsed.port}" if parsed.port else ""))
+        )
+    request = urllib.request.Request(plain, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=LIST_TIMEOUT_S) as response:  # noqa: S310  (scheme checked above)
             body = response.read().decode("utf-8", errors="replace")
@@ -495,3 +532,193 @@ def _python_fits(tag: Tag, major: int, minor: int) -> bool:
             return True
         return tag.abi == "abi3" and tag_minor is not None and tag_minor <= minor
     return False
+
+
+# -- the pre-check: is every version a run needs available? ----------------------------------
+
+
+class SourcesMissing(EnvBisectError):
+    """Package versions a run needs are in none of the configured sources."""
+
+
+@dataclass(frozen=True)
+class Need:
+    """One package version a run will install: ``name==version``, or a direct URL."""
+
+    name: str
+    version: str | None
+    requirement: str  # what uv is given
+    why: str = ""  # whose state needs it ("good", "bad", "release search")
+
+    @property
+    def local_path(self) -> str | None:
+        """The file or directory a ``file://`` direct URL names (None: not a local URL)."""
+        if "@" not in self.requirement:
+            return None
+        url = self.requirement.split("@", 1)[1].strip()
+        if url.startswith("file://"):
+            return urllib.request.url2pathname(urllib.parse.urlsplit(url).path)
+        return None
+
+    @property
+    def direct(self) -> bool:
+        return "@" in self.requirement
+
+    def text(self) -> str:
+        return self.requirement if self.direct else f"{self.name}=={self.version}"
+
+
+def missing_needs(
+    needs: Iterable[Need],
+    sources: Sources,
+    *,
+    installed: Mapping[str, str] | None = None,
+    uv: str | None = None,
+    python: str | None = None,
+) -> list[tuple[Need, str]]:
+    """Each need that cannot be installed, with the sources looked at for it.
+
+    ``installed``: canonical name → version already in the base interpreter (the overlay
+    links those, no source needed). A local direct URL is checked on disk; a remote one is
+    left to uv. With ``offline``, a version only an http(s) source lists counts when uv's
+    cache holds it (``uv``: the uv to ask). One listing per package name, in parallel.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    installed = installed or {}
+    todo: dict[str, list[Need]] = {}
+    out: list[tuple[Need, str]] = []
+    for need in needs:
+        name = canonicalize_name(need.name)
+        if need.version is not None and _same_version(installed.get(name), need.version):
+            continue
+        if need.direct:
+            path = need.local_path
+            if path is not None and not os.path.exists(path):
+                out.append((need, f"no such path {path}"))
+            continue
+        todo.setdefault(name, []).append(need)
+    target = sources if python is None else _with_python(sources, python)
+
+    def check(name: str) -> list[tuple[Need, str]]:
+        return _missing_of(name, todo[name], target, uv)
+
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(todo)))) as pool:
+        for found in pool.map(check, sorted(todo)):
+            out += found
+    return out
+
+
+def _with_python(sources: Sources, python: str) -> Sources:
+    from dataclasses import replace
+
+    parts = python.split(".")
+    return replace(sources, target_python=".".join(parts[:2]))
+
+
+def _same_version(have: str | None, want: str) -> bool:
+    if have is None:
+        return False
+    try:
+        return Version(have) == Version(want)
+    except InvalidVersion:
+        return have == want
+
+
+def _missing_of(
+    name: str, needs: list[Need], sources: Sources, uv: str | None
+) -> list[tuple[Need, str]]:
+    """The needs of one package name that its sources do not hold."""
+    looked = sources.describe(name)
+    held: set[Version] = set()
+    reachable = _reachable(sources, name)
+    if reachable is not None:
+        try:
+            listing = list_package(name, reachable, uv_default=not sources.offline)
+        except SourceError as exc:
+            if not sources.offline:
+                return [(n, f"{looked}; {exc}") for n in needs]
+        else:
+            held = set(
+                listing.versions(
+                    finals_only=False, include_yanked=True, python=sources.target_python
+                )
+            )
+    out = []
+    for need in needs:
+        try:
+            wanted = Version(str(need.version))
+        except InvalidVersion:
+            out.append((need, f"{looked}; not a version: {need.version!r}"))
+            continue
+        if wanted in held:
+            continue
+        if sources.offline and _in_uv_cache(need, sources, uv):
+            continue
+        out.append((need, looked))
+    return out
+
+
+def _reachable(sources: Sources, name: str) -> Sources | None:
+    """The sources ``name`` can be listed from: offline, only those on this machine's disk
+    (uv reads them without network); None when there are none."""
+    if not sources.offline:
+        return sources
+    from dataclasses import replace
+
+    def local(url: str | None) -> bool:
+        return url is not None and not url.startswith(("http://", "https://"))
+
+    bound = sources.bound_index(name)
+    if bound is not None:
+        return sources if local(bound) else None
+    out = replace(
+        sources,
+        indexes=tuple(u for u in sources.indexes if local(u)),
+        default_index=sources.default_index if local(sources.default_index) else None,
+        find_links=tuple(u for u in sources.find_links if local(u)),
+    )
+    return out if out.indexes or out.default_index or out.find_links else None
+
+
+def _in_uv_cache(need: Need, sources: Sources, uv: str | None) -> bool:
+    """Whether uv, offline, can resolve ``need`` from its cache (``uv pip compile``)."""
+    import subprocess
+
+    if uv is None:
+        return False
+    argv = [uv, "pip", "compile", "-q", "--no-header", "--no-deps", "-"]
+    argv += uv_args(sources, need.name)
+    if sources.target_python:
+        argv += ["--python-version", sources.target_python]
+    try:
+        proc = subprocess.run(
+            argv,
+            input=need.requirement + "\n",
+            capture_output=True,
+            text=True,
+            timeout=LIST_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def missing_message(missing: list[tuple[Need, str]], config_path: Any = None) -> str:
+    """One line: every missing version, grouped by the sources looked at."""
+    where = str(config_path) if config_path else "envbisect.yaml"
+    groups: dict[str, list[str]] = {}
+    for need, looked in missing:
+        groups.setdefault(looked, []).append(need.text())
+    parts = [
+        f"{', '.join(sorted(set(names)))} (looked at: {looked})" for looked, names in groups.items()
+    ]
+    n = len(missing)
+    return (
+        f"{where}: {n} package version{'s' if n != 1 else ''} the run needs "
+        f"{'are' if n != 1 else 'is'} not available from the configured sources: "
+        + "; ".join(parts)
+        + " — add a source under 'indexes' or 'find_links' (or set offline: false), "
+        "then run again"
+    )

@@ -9,7 +9,7 @@ packages
     state comes back. It is an *overlay* on the target environment: ``uv venv`` on the target's
     base interpreter, then ``uv pip install --no-deps`` of exactly the packages whose wanted
     version differs from what the target environment has (local labels such as ``+cu130``
-    kept; ``index_url``/``extra_index_urls``/``find_links`` from the config passed to uv),
+    kept; the config's package sources passed to uv as ``envbisect.sources.uv_args`` says),
     then a ``.pth`` adds ``base-site/``: a *link farm* of symlinks to every entry of the
     target's site-packages except the files (per ``RECORD``) of the packages that were
     replaced or must be absent. That is how a package present only in the bad state is
@@ -108,6 +108,7 @@ from envbisect.sections.caches import CACHE_ENV
 from envbisect.sections.files import FileEntry
 from envbisect.sections.git import GitEntry, repo_of
 from envbisect.sections.packages import PackagesRealizer
+from envbisect.sources import Sources
 from envbisect.transport import Layer, Transport
 
 REALIZERS = realizers()  # section → its realizer, in plan order (from the section modules)
@@ -211,6 +212,7 @@ class Actuator:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
+    sources: Sources | None = None  # None: the three fields above (older callers)
     data_map: Mapping[str, str] = field(default_factory=dict)
     blob_dirs: tuple[Path, ...] = ()  # more places to look for stored file contents
     base_env: Mapping[str, str] | None = None
@@ -270,7 +272,17 @@ class Actuator:
             uv_missing=lambda: self.remote and self.target().uv is None,
             here="on the target" if self.remote else "here",
             data_map=self.data_map,
-            index=(self.index_url, tuple(self.extra_index_urls), tuple(self.find_links)),
+            sources=self.package_sources(),
+        )
+
+    def package_sources(self) -> Sources:
+        """Where this run's packages come from (``sources``, else the older three fields)."""
+        if self.sources is not None:
+            return self.sources
+        return Sources(
+            indexes=tuple(self.extra_index_urls),
+            default_index=self.index_url,
+            find_links=tuple(self.find_links),
         )
 
     # -- what can be realized ----------------------------------------------------------

@@ -147,12 +147,11 @@ class PackagesRealizer:
                     f"cannot replace or remove {hidden} in {target.python}: "
                     "its installed files are not listed (no RECORD)"
                 )
-        index_url, extra, links = ctx.index
         spec = {
             "python": target.python,
             "install": installs,
             "hide": sorted(hides),
-            "index": [index_url, list(extra), list(links)],
+            "sources": ctx.sources.as_dict(),
         }
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
         return VenvSpec(
