@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from packaging.version import Version
 
 from envbisect.bisect.narrow import first_bad
-from envbisect.bisect.pkgrun import ReleaseSearch, _between
+from envbisect.bisect.pkgrun import ReleaseSearch, _between, _cuda_note
 from envbisect.bisect.verdict import Verdict
 from envbisect.changes import Change, ChangeKind, Unit
 from envbisect.cli import cli
@@ -257,6 +257,30 @@ def test_stack_components_torch_first_then_triton_cuda_and_the_rest() -> None:
     assert comps[0].describe() == "torch itself (2.13.0+cpu → 2.14.1)"
     assert comps[2].keys == ("nvidia-cublas-cu12", "cuda-bindings")
     assert comps[2].describe().startswith("the CUDA runtime wheels (2 changed: ")
+
+
+def test_cuda_wheels_beside_a_cpu_torch_are_said_even_when_unchanged() -> None:
+    from envbisect.manifest import Manifest
+
+    bad = Manifest.from_dict(
+        {
+            "schema": "envbisect/manifest@1",
+            "packages": {
+                "torch": {"version": "2.13.0+cpu"},
+                "nvidia-cublas": {"version": "13.1.0.3"},
+                "cuda-bindings": {"version": "13.0.3"},
+            },
+        },
+        "bad.yaml",
+    )
+    torch_only = Unit(
+        "torch-stack", "torch-stack", "t", (_change("torch", "2.14.1", "2.13.0+cpu"),), True
+    )
+    note = _cuda_note(components(torch_only), bad)
+    assert note == (
+        "2 CUDA wheel(s) stayed installed beside torch 2.13.0+cpu (cuda-bindings, "
+        "nvidia-cublas): a +cpu torch does not use them"
+    )
 
 
 def test_outside_pins_reads_requires_dist_and_skips_extras() -> None:
