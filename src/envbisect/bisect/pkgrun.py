@@ -46,7 +46,7 @@ from envbisect.bisect.verdict import Judge, Noise, Verdict
 from envbisect.errors import ActuationError, EnvBisectError
 from envbisect.failure import Failure
 from envbisect.sections.packages import PackageEntry
-from envbisect.sections.torch_stack import TORCH, Component, components, outside_pins
+from envbisect.sections.torch_stack import CUDA, TORCH, Component, components, outside_pins
 
 SPLIT = "narrow: torch stack"
 RELEASES = "narrow: releases of "
@@ -307,7 +307,7 @@ def _torch_metadata(actuator: Any, state: State) -> tuple[str, list[str]] | None
 
 def _cuda_note(comps: Sequence[Component], bad: Any) -> str | None:
     """Said whenever the CUDA wheels changed, or stayed installed beside a +cpu torch."""
-    cuda = next((c for c in comps if c.name == "the CUDA runtime wheels"), None)
+    cuda = next((c for c in comps if c.name == CUDA), None)
     torch = PackageEntry.of(bad.section("packages").get("torch"))
     kept = sorted(
         str(k)
@@ -318,7 +318,7 @@ def _cuda_note(comps: Sequence[Component], bad: Any) -> str | None:
     if cuda is not None:
         shown = [f"{c.key} {c.old or 'absent'} → {c.new or 'absent'}" for c in cuda.changes]
         more = f", … {len(shown) - 3} more" if len(shown) > 3 else ""
-        out.append(f"the CUDA runtime wheels changed too ({', '.join(shown[:3])}{more})")
+        out.append(f"the CUDA runtime wheels changed ({', '.join(shown[:3])}{more})")
     if torch is not None and torch.version and "+cpu" in torch.version and kept:
         out.append(
             f"{len(kept)} CUDA wheel(s) stayed installed beside torch {torch.version} "
