@@ -223,6 +223,12 @@ def test_the_release_search_counts_in_max_trials(tmp_path: Path) -> None:
     assert len(release["candidates"]) >= 2
     assert "first bad release of ebwork: one of " in res.stdout
     assert "(--max-trials reached)" in res.stdout
+    # --resume replays the five (the release trial by its position too) and goes on.
+    res, doc = _run(sc, "--resume")
+    assert res.return_value == 0, res.output
+    assert res.stderr.count("replayed from the session log") == 5
+    release = doc["culprits"][0]["within"]["release"]
+    assert release["first_bad"] == "2.2", release
 
 
 # ---------------------------------------------------------------------------- pure parts
