@@ -420,7 +420,8 @@ def explain_trial(r: TrialRow, culprits: set[str]) -> str:
     """One evidence line: what the trial was, what it measured, what that means."""
     what = _purpose(r)
     applied = {_unit(a) for a in r.applied}
-    if culprits and r.applied:
+    below = r.purpose.startswith(("narrow: torch stack", "narrow: releases of "))
+    if culprits and r.applied and not below:  # below a culprit: part of it, said by `what`
         what += "; with the culprit" if culprits & applied else "; without the culprit"
     if r.failure and r.verdict == "unresolved":
         meaning = f"unresolved: {r.failure}, so it counts neither way"
