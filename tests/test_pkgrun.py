@@ -318,6 +318,10 @@ def test_releases_between_compare_public_versions_and_follow_the_direction() -> 
     more = [*available, Version("2.13.1"), Version("2.14.0rc1")]
     assert _between("2.14.1", "2.12.0", more) == ["2.14.0", "2.13.1", "2.13.0"]
     assert _between("1.0", "2.0", [Version("1.0"), Version("2.0")]) == []
+    # Between two +cpu builds, the +cpu build of a release; else the plain one.
+    builds = [Version(v) for v in ("2.14.0", "2.14.0+cpu", "2.14.0+cu130", "2.14.1+cu130")]
+    assert _between("2.13.0+cpu", "2.15.0+cpu", builds) == ["2.14.0+cpu", "2.14.1+cu130"]
+    assert _between("2.13.0", "2.15.0", builds) == ["2.14.0", "2.14.1+cu130"]
 
 
 def test_first_bad_is_binary_search_and_skips_unresolved_items() -> None:

@@ -502,12 +502,20 @@ def _between(good: str, bad: str, available: Sequence[Version]) -> list[str]:
     ``2.13.0`` lies not between ``2.13.0+cpu`` and ``2.14.1``), one per public version,
     ordered from ``good`` towards ``bad``."""
     lo, hi = sorted((Version(_version(good).public), Version(_version(bad).public)))
-    seen: dict[Version, str] = {}
+    # A build of the endpoints' kind first (``+cpu`` between two +cpu builds), else the
+    # plain release, else any local build of it.
+    labels = [x for x in (_version(bad).local, _version(good).local) if x]
+    seen: dict[Version, list[Version]] = {}
     for v in available:
         public = Version(v.public)
         if lo < public < hi and not v.is_prerelease and not v.is_devrelease:
-            seen.setdefault(public, str(v))
-    ordered = [seen[p] for p in sorted(seen)]
+            seen.setdefault(public, []).append(v)
+
+    def rank(v: Version) -> tuple[int, Version]:
+        local = v.local or ""
+        return (labels.index(local) if local in labels else len(labels) + bool(local), v)
+
+    ordered = [str(min(seen[p], key=rank)) for p in sorted(seen)]
     return ordered if _version(bad) >= _version(good) else ordered[::-1]
 
 
