@@ -719,6 +719,7 @@ def missing_message(missing: list[tuple[Need, str]], config_path: Any = None) ->
         f"{where}: {n} package version{'s' if n != 1 else ''} the run needs "
         f"{'are' if n != 1 else 'is'} not available from the configured sources: "
         + "; ".join(parts)
-        + " — add a source under 'indexes' or 'find_links' (or set offline: false), "
-        "then run again"
+        + " — add a source under 'indexes' or 'find_links'"
+        + (" (or set offline: false)" if any("offline" in g for g in groups) else "")
+        + ", then run again"
     )
