@@ -203,7 +203,7 @@ def test_missing_needs_lists_each_miss_and_spares_what_is_installed_or_on_disk(
 
 
 def test_offline_a_version_only_an_http_index_holds_is_a_miss_unless_uv_has_it(
-    tmp_path: Path, releases: dict[str, Path]
+    tmp_path: Path, releases: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     offline = Sources(
         default_index="http://127.0.0.1:9/simple",
@@ -211,22 +211,23 @@ def test_offline_a_version_only_an_http_index_holds_is_a_miss_unless_uv_has_it(
         offline=True,
     )
     cache = tmp_path / "uv-cache"
-    env_before = os.environ.get("UV_CACHE_DIR")
-    os.environ["UV_CACHE_DIR"] = str(cache)  # an empty uv cache (the autouse fixture restores)
-    try:
-        missing = missing_needs(
-            [Need("ebrel", "2.1", "ebrel==2.1"), Need("ebrel", "2.0", "ebrel==2.0")],
-            offline,
-            uv=uv(),
-            python="3.11",
-        )
-    finally:
-        if env_before is None:
-            os.environ.pop("UV_CACHE_DIR")
-        else:
-            os.environ["UV_CACHE_DIR"] = env_before
-    assert [n.text() for n, _ in missing] == ["ebrel==2.0"]
+    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+    needs = [Need("ebrel", "2.1", "ebrel==2.1"), Need("ebrel", "2.0", "ebrel==2.0")]
+    missing = missing_needs(needs, offline, uv=uv(), python="3.11")
+    assert [n.text() for n, _ in missing] == ["ebrel==2.0"]  # 2.1 is in find-links, on disk
     assert "offline: uv's cache" in missing[0][1]
+    # Once uv's cache holds ebrel 2.0 from that index (a real install while it was up),
+    # offline finds it there.
+    target = make_venv(tmp_path / "v", releases["links"])
+    with _http(releases["index"]) as url:
+        subprocess.run(
+            [uv(), "pip", "install", "-q", "--python", str(target / "bin" / "python")]
+            + ["--default-index", url, "ebrel==2.0"],
+            check=True,
+        )
+    cached = Sources(default_index=url, offline=True)
+    assert missing_needs([needs[1]], cached, uv=uv(), python="3.11") == []
+    assert len(missing_needs([Need("ebrel", "1.0", "ebrel==1.0")], cached, uv=uv())) == 1
 
 
 def _venv_params(path: Path, base: Path, install: dict[str, str], sources: Sources) -> dict:  # type: ignore[type-arg]
