@@ -321,3 +321,53 @@ def test_a_target_without_bytecode_gets_it_in_the_overlay_not_in_the_target(
     store = list((tmp_path / "session" / "bytecode").rglob("*.pyc"))
     assert {p.name.split(".")[0] for p in store} >= {"__init__", "more", "ebmod"}
     assert tree_hashes(base) == before  # nothing written into the target
+
+
+def test_the_target_state_itself_runs_in_an_empty_overlay_when_the_target_lacks_bytecode(
+    tmp_path: Path,
+) -> None:
+    from envbisect import manifest as mf
+    from envbisect.bisect.actuate import Actuator
+    from envbisect.bisect.session import Session
+    from envbisect.diff import diff_manifests
+    from tests.helpers_run import manifest, pkg
+
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "ebpkg", "1.0", "X = 1\n", package=True)
+    build_wheel(wheels, "ebwork", "1.0", "W = 1\n")
+    build_wheel(wheels, "ebwork", "2.0", "W = 2\n")
+    target = make_venv(tmp_path / "target", wheels, "ebpkg==1.0", "ebwork==2.0", bytecode=False)
+    before = tree_hashes(target)
+    good = manifest(
+        tmp_path / "m" / "good.yaml", packages={"ebpkg": pkg("1.0"), "ebwork": pkg("1.0")}
+    )
+    bad = manifest(
+        tmp_path / "m" / "bad.yaml", packages={"ebpkg": pkg("1.0"), "ebwork": pkg("2.0")}
+    )
+    g, b = mf.load(good), mf.load(bad)
+    act = Actuator(
+        good=g,
+        bad=b,
+        units=diff_manifests(g, b).units,
+        session=Session.start(tmp_path / "session", {}),
+        python=str(target / "bin" / "python"),
+        sources=Sources(find_links=(str(wheels),), default_index=(tmp_path / "none").as_uri()),
+    )
+    assert set(act.target().no_bytecode) == {"ebpkg", "ebwork"}
+    with act.realize(frozenset({"packages:ebwork"}), {}, tmp_path / "t1") as state:
+        assert state.failure is None, state.failure
+        assert state.venv is not None  # the target's packages, through a farm with bytecode
+        verbose = subprocess.run(
+            [state.python, "-v", "-c", "import ebpkg, ebwork; print(ebwork.W)"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **state.env},
+            check=True,
+        )
+        assert verbose.stdout.strip() == "2"
+        init = f"{state.venv}/base-site/ebpkg/__init__.py"
+        tag = sys.implementation.cache_tag
+        assert f"# {state.venv}/base-site/ebpkg/__pycache__/__init__.{tag}.pyc matches {init}" in (
+            verbose.stderr
+        )
+    assert tree_hashes(target) == before
