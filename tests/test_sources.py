@@ -73,6 +73,9 @@ def test_config_sources_become_uv_options_in_uv_order(tmp_path: Path) -> None:
     )
     assert uv_args(old) == ["--index", "file:///b/simple", "--default-index", "file:///a/simple"]
     assert Sources.from_dict(s.as_dict()) == s
+    # A local directory is an index too, named by its file:// URL (relative to the file).
+    local = Sources.from_config(_config(tmp_path, "indexes: [mirror/simple]\n"))
+    assert local.indexes == ((tmp_path / "mirror" / "simple").as_uri(),)
 
 
 @pytest.fixture
