@@ -492,6 +492,13 @@ def render_markdown(result: RunResult) -> str:
     if nxt:
         nxt = printable(nxt)
         lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
+        if result.culprits[0].unit.section in ("packages", "torch-stack"):
+            lines += [
+                "This installs into and uninstalls from the target environment itself (every "
+                "package the diff names gets its value in the culprit's state); run it in a "
+                "copy of the environment to keep yours.",
+                "",
+            ]
     lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
     return redact_text("\n".join(lines))
 
