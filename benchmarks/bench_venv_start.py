@@ -15,6 +15,8 @@ built with envbisect's own ``venv`` operation (``agent.actuate_remote.op_venv``)
 
 Then ``import torch`` is timed in each venv's python, rounds interleaved, and a second
 ``after`` venv (another state of the same session) is built to show the store is shared.
+The reference: a hard-linked copy of the target compiled in place (what ``pip`` or
+``uv pip install --compile-bytecode`` would have left), run directly.
 Reported: median import seconds of each, their ratio, build seconds. Nothing is asserted.
 
 Usage: python benchmarks/bench_venv_start.py [--rounds N] [--torch-spec SPEC] [UV_ARG ...]
@@ -44,7 +46,8 @@ UV = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
 
 
 def _sh(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, check=True, text=True, capture_output=True, **kw)  # type: ignore[call-overload,no-any-return]
+    kw.setdefault("check", True)
+    return subprocess.run(argv, text=True, capture_output=True, **kw)  # type: ignore[call-overload,no-any-return]
 
 
 def _base(root: Path, torch_spec: str, uv_args: list[str]) -> Path:
@@ -122,12 +125,27 @@ def main() -> None:
         before = _overlay(root / "old-session", "state-1", base, wheels, bytecode=False)
         after = _overlay(root / "session", "state-2", base, wheels, bytecode=True)
         second = _overlay(root / "session", "state-3", base, wheels, bytecode=True)
-        times: dict[str, list[float]] = {"before": [], "after": [], "after (2nd venv)": []}
+        compiled = root / "target-compiled"
+        _sh(["cp", "-al", str(base), str(compiled)])  # new .pyc files only; sources shared
+        _sh(
+            [
+                str(compiled / "bin" / "python"),
+                "-m",
+                "compileall",
+                "-q",
+                "-j",
+                "0",
+                str(compiled / "lib"),
+            ],
+            check=False,
+        )
         venvs = {
             "before": root / "old-session" / "venvs" / "state-1",
             "after": root / "session" / "venvs" / "state-2",
             "after (2nd venv)": root / "session" / "venvs" / "state-3",
+            "reference: target compiled": compiled,
         }
+        times: dict[str, list[float]] = {k: [] for k in venvs}
         for _ in range(args.rounds):
             for key, venv in venvs.items():
                 times[key].append(_import_s(venv))
@@ -136,6 +154,10 @@ def main() -> None:
             "import_torch_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
             "median_s": {k: round(v, 2) for k, v in med.items()},
             "ratio_before_over_after": round(med["before"] / med["after"], 1),
+            "ratio_after_over_reference": round(
+                med["after"] / med["reference: target compiled"], 2
+            ),
+            "load_average": os.getloadavg(),
             "build_s": {
                 "before": round(before, 1),
                 "after (first venv: compiles)": round(after, 1),

@@ -73,6 +73,9 @@ def test_config_sources_become_uv_options_in_uv_order(tmp_path: Path) -> None:
     )
     assert uv_args(old) == ["--index", "file:///b/simple", "--default-index", "file:///a/simple"]
     assert Sources.from_dict(s.as_dict()) == s
+    # A local directory is an index too, named by its file:// URL (relative to the file).
+    local = Sources.from_config(_config(tmp_path, "indexes: [mirror/simple]\n"))
+    assert local.indexes == ((tmp_path / "mirror" / "simple").as_uri(),)
 
 
 @pytest.fixture
@@ -203,7 +206,7 @@ def test_missing_needs_lists_each_miss_and_spares_what_is_installed_or_on_disk(
 
 
 def test_offline_a_version_only_an_http_index_holds_is_a_miss_unless_uv_has_it(
-    tmp_path: Path, releases: dict[str, Path]
+    tmp_path: Path, releases: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     offline = Sources(
         default_index="http://127.0.0.1:9/simple",
@@ -211,22 +214,23 @@ def test_offline_a_version_only_an_http_index_holds_is_a_miss_unless_uv_has_it(
         offline=True,
     )
     cache = tmp_path / "uv-cache"
-    env_before = os.environ.get("UV_CACHE_DIR")
-    os.environ["UV_CACHE_DIR"] = str(cache)  # an empty uv cache (the autouse fixture restores)
-    try:
-        missing = missing_needs(
-            [Need("ebrel", "2.1", "ebrel==2.1"), Need("ebrel", "2.0", "ebrel==2.0")],
-            offline,
-            uv=uv(),
-            python="3.11",
-        )
-    finally:
-        if env_before is None:
-            os.environ.pop("UV_CACHE_DIR")
-        else:
-            os.environ["UV_CACHE_DIR"] = env_before
-    assert [n.text() for n, _ in missing] == ["ebrel==2.0"]
+    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
+    needs = [Need("ebrel", "2.1", "ebrel==2.1"), Need("ebrel", "2.0", "ebrel==2.0")]
+    missing = missing_needs(needs, offline, uv=uv(), python="3.11")
+    assert [n.text() for n, _ in missing] == ["ebrel==2.0"]  # 2.1 is in find-links, on disk
     assert "offline: uv's cache" in missing[0][1]
+    # Once uv's cache holds ebrel 2.0 from that index (a real install while it was up),
+    # offline finds it there.
+    target = make_venv(tmp_path / "v", releases["links"])
+    with _http(releases["index"]) as url:
+        subprocess.run(
+            [uv(), "pip", "install", "-q", "--python", str(target / "bin" / "python")]
+            + ["--default-index", url, "ebrel==2.0"],
+            check=True,
+        )
+    cached = Sources(default_index=url, offline=True)
+    assert missing_needs([needs[1]], cached, uv=uv(), python="3.11") == []
+    assert len(missing_needs([Need("ebrel", "1.0", "ebrel==1.0")], cached, uv=uv())) == 1
 
 
 def _venv_params(path: Path, base: Path, install: dict[str, str], sources: Sources) -> dict:  # type: ignore[type-arg]
@@ -320,3 +324,53 @@ def test_a_target_without_bytecode_gets_it_in_the_overlay_not_in_the_target(
     store = list((tmp_path / "session" / "bytecode").rglob("*.pyc"))
     assert {p.name.split(".")[0] for p in store} >= {"__init__", "more", "ebmod"}
     assert tree_hashes(base) == before  # nothing written into the target
+
+
+def test_the_target_state_itself_runs_in_an_empty_overlay_when_the_target_lacks_bytecode(
+    tmp_path: Path,
+) -> None:
+    from envbisect import manifest as mf
+    from envbisect.bisect.actuate import Actuator
+    from envbisect.bisect.session import Session
+    from envbisect.diff import diff_manifests
+    from tests.helpers_run import manifest, pkg
+
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "ebpkg", "1.0", "X = 1\n", package=True)
+    build_wheel(wheels, "ebwork", "1.0", "W = 1\n")
+    build_wheel(wheels, "ebwork", "2.0", "W = 2\n")
+    target = make_venv(tmp_path / "target", wheels, "ebpkg==1.0", "ebwork==2.0", bytecode=False)
+    before = tree_hashes(target)
+    good = manifest(
+        tmp_path / "m" / "good.yaml", packages={"ebpkg": pkg("1.0"), "ebwork": pkg("1.0")}
+    )
+    bad = manifest(
+        tmp_path / "m" / "bad.yaml", packages={"ebpkg": pkg("1.0"), "ebwork": pkg("2.0")}
+    )
+    g, b = mf.load(good), mf.load(bad)
+    act = Actuator(
+        good=g,
+        bad=b,
+        units=diff_manifests(g, b).units,
+        session=Session.start(tmp_path / "session", {}),
+        python=str(target / "bin" / "python"),
+        sources=Sources(find_links=(str(wheels),), default_index=(tmp_path / "none").as_uri()),
+    )
+    assert set(act.target().no_bytecode) == {"ebpkg", "ebwork"}
+    with act.realize(frozenset({"packages:ebwork"}), {}, tmp_path / "t1") as state:
+        assert state.failure is None, state.failure
+        assert state.venv is not None  # the target's packages, through a farm with bytecode
+        verbose = subprocess.run(
+            [state.python, "-v", "-c", "import ebpkg, ebwork; print(ebwork.W)"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **state.env},
+            check=True,
+        )
+        assert verbose.stdout.strip() == "2"
+        init = f"{state.venv}/base-site/ebpkg/__init__.py"
+        tag = sys.implementation.cache_tag
+        assert f"# {state.venv}/base-site/ebpkg/__pycache__/__init__.{tag}.pyc matches {init}" in (
+            verbose.stderr
+        )
+    assert tree_hashes(target) == before

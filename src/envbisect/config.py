@@ -348,7 +348,7 @@ class _Validator:
         }
 
     def index_location(self, value: Any, where: str) -> str:
-        """An index URL (file://, http(s)://) or a local directory (made absolute)."""
+        """An index URL (file://, http(s)://), or a local directory as its file:// URL."""
         if not isinstance(value, str) or not value:
             raise self.fail(where, "an index URL or directory", value)
         if _is_url(value):
@@ -356,7 +356,7 @@ class _Validator:
             if scheme not in ("file", "http", "https"):
                 raise self.fail(where, "a file://, http:// or https:// URL", value)
             return value
-        return str(self.path(value))
+        return self.path(value).as_uri()
 
     def pins(self, data: dict[str, Any]) -> dict[str, Pin]:
         """``pins:``: package -> version range, or {version, index} (index: the one index

@@ -265,25 +265,25 @@ def next_command(result: RunResult) -> str | None:
     if not result.culprits:
         return None
     c = result.culprits[0]
-    smoke = shlex.join(result.smoke.argv) if result.smoke.argv else "envbisect smoke"
+    cd, smoke = _user_command(result)
     change = c.unit.changes[0]
     key = str(change.key)
     if c.unit.section == "env":
         if change.new is None:
-            return f"env -u {shlex.quote(key)} {smoke}"
+            return f"{cd}env -u {shlex.quote(key)} {smoke}"
         if isinstance(change.new, dict):
             return None  # redacted
-        return f"env {shlex.quote(f'{key}={change.new}')} {smoke}"
+        return f"{cd}env {shlex.quote(f'{key}={change.new}')} {smoke}"
     if c.unit.section == "git":
         commit = c.commit or (change.new.get("head") if isinstance(change.new, dict) else None)
         if not commit:
             return None
-        return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {smoke}"
+        return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {cd}{smoke}"
     if c.unit.section in ("packages", "torch-stack"):
         return packages_command(result, c)
     if c.unit.section == "files":
         return (
-            f"{smoke}   # with {key} in its bad content (the diff above); trial "
+            f"{cd}{smoke}   # with {key} in its bad content (the diff above); trial "
             f"{c.bad_trial}'s trial.json has the exact argv, cwd and environment"
         )
     return None
@@ -300,7 +300,6 @@ def packages_command(result: RunResult, culprit: Culprit) -> str | None:
     """
     from packaging.utils import canonicalize_name
 
-    from envbisect.argvmap import PathMapper
     from envbisect.sections.packages import PackageEntry
 
     wanted: dict[str, Any] = {}
@@ -330,14 +329,20 @@ def packages_command(result: RunResult, culprit: Culprit) -> str | None:
                 + [*result.uv_args, *installs]
             )
         )
-    if result.smoke.argv:
-        argv = PathMapper().argv(result.smoke.argv, python)
-        run = shlex.join(argv)
-    else:
-        run = shlex.join(["envbisect", "smoke", "--python", python])
-    if result.cwd:
-        run = f"cd {shlex.quote(result.cwd)} && {run}"
-    return " && ".join([*steps, run])
+    cd, run = _user_command(result)
+    return " && ".join([*steps, cd + run])
+
+
+def _user_command(result: RunResult) -> tuple[str, str]:
+    """(``cd <cwd> && `` or "", the user's command): a bare ``python`` as the program is
+    the run's target interpreter, as in every trial (``argvmap``)."""
+    from envbisect.argvmap import PathMapper
+
+    cd = f"cd {shlex.quote(result.cwd)} && " if result.cwd else ""
+    if not result.smoke.argv:
+        python = ["--python", result.python] if result.python else []
+        return cd, shlex.join(["envbisect", "smoke", *python])
+    return cd, shlex.join(PathMapper().argv(result.smoke.argv, result.python))
 
 
 def _python_of(result: RunResult) -> str:
@@ -508,6 +513,13 @@ def render_markdown(result: RunResult) -> str:
     if nxt:
         nxt = printable(nxt)
         lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
+        if result.culprits[0].unit.section in ("packages", "torch-stack"):
+            lines += [
+                "This installs into and uninstalls from the target environment itself (every "
+                "package the diff names gets its value in the culprit's state); run it in a "
+                "copy of the environment to keep yours.",
+                "",
+            ]
     lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
     return redact_text("\n".join(lines))
 

@@ -682,10 +682,12 @@ def _reachable(sources: Sources, name: str) -> Sources | None:
 
 
 def _in_uv_cache(need: Need, sources: Sources, uv: str | None) -> bool:
-    """Whether uv, offline, can resolve ``need`` from its cache (``uv pip compile``)."""
+    """Whether uv, offline, can install ``need`` from its cache: it resolves there (the
+    index's listing is cached: ``uv pip compile --offline``) and the wheel itself was kept
+    (an unpacked ``<name>-<version>.dist-info`` in uv's archive)."""
     import subprocess
 
-    if uv is None:
+    if uv is None or not _uv_archive_has(uv, need.name, str(need.version)):
         return False
     argv = [uv, "pip", "compile", "-q", "--no-header", "--no-deps", "-"]
     argv += uv_args(sources, need.name)
@@ -705,6 +707,35 @@ def _in_uv_cache(need: Need, sources: Sources, uv: str | None) -> bool:
     return proc.returncode == 0
 
 
+def _uv_archive_has(uv: str, name: str, version: str) -> bool:
+    import glob
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            [uv, "cache", "dir"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    root = proc.stdout.strip()
+    if proc.returncode != 0 or not root:
+        return False
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return False
+    canon = canonicalize_name(name)
+    for path in glob.glob(os.path.join(glob.escape(root), "archive-v*", "*", "*.dist-info")):
+        stem = os.path.basename(path)[: -len(".dist-info")]
+        dist, _, ver = stem.rpartition("-")
+        try:
+            if canonicalize_name(dist) == canon and Version(ver) == wanted:
+                return True
+        except InvalidVersion:
+            continue
+    return False
+
+
 def missing_message(missing: list[tuple[Need, str]], config_path: Any = None) -> str:
     """One line: every missing version, grouped by the sources looked at."""
     where = str(config_path) if config_path else "envbisect.yaml"
@@ -719,6 +750,7 @@ def missing_message(missing: list[tuple[Need, str]], config_path: Any = None) ->
         f"{where}: {n} package version{'s' if n != 1 else ''} the run needs "
         f"{'are' if n != 1 else 'is'} not available from the configured sources: "
         + "; ".join(parts)
-        + " — add a source under 'indexes' or 'find_links' (or set offline: false), "
-        "then run again"
+        + " — add a source under 'indexes' or 'find_links'"
+        + (" (or set offline: false)" if any("offline" in g for g in groups) else "")
+        + ", then run again"
     )

@@ -106,7 +106,20 @@ def op_probe(params):
         "home": home,
         "path": os.environ.get("PATH", ""),
         "uv": _find_uv(),
+        "no_bytecode": [d["name"] for d in dists if _installed_without_bytecode(d)],
     }
+
+
+def _installed_without_bytecode(dist):
+    """Whether the first module a distribution's RECORD lists has no bytecode beside it
+    (uv installs without it unless asked)."""
+    tag = sys.implementation.cache_tag
+    for rel in dist["files"] or ():
+        if rel.endswith(".py") and not rel.startswith("..") and "__pycache__" not in rel:
+            folder, stem = os.path.split(os.path.join(dist["location"], rel))
+            pyc = os.path.join(folder, "__pycache__", f"{stem[:-3]}.{tag}.pyc")
+            return bool(tag) and not os.path.exists(pyc)
+    return False
 
 
 def _find_uv():

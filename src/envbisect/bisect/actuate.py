@@ -179,6 +179,7 @@ class TargetEnv:
     home: str | None = None  # remote targets: where the remote session dir goes
     path: str | None = None  # remote targets: PATH of the far process
     uv: tuple[str, ...] | None = None  # remote targets: how to run uv there (None: no uv)
+    no_bytecode: tuple[str, ...] = ()  # packages installed without .pyc files
 
     @classmethod
     def from_agent(cls, python: str, data: Mapping[str, Any]) -> TargetEnv:
@@ -192,6 +193,7 @@ class TargetEnv:
             home=str(data.get("home") or "/tmp"),
             path=str(data.get("path") or ""),
             uv=tuple(data["uv"]) if data.get("uv") else None,
+            no_bytecode=tuple(data.get("no_bytecode") or ()),
         )
 
 

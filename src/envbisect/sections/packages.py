@@ -139,7 +139,9 @@ class PackagesRealizer:
             installs[name] = entry.requirement(name)
             if have is not None:
                 hides.add(name)
-        if not installs and not hides:
+        if not installs and not hides and not target.no_bytecode:
+            # The target itself fits. (Without bytecode it gets an empty overlay: its
+            # farm carries the bytecode the target lacks, see add_bytecode.)
             return None, None
         for hidden in sorted(hides):
             if target.dists[hidden].get("files") is None:
