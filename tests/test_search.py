@@ -198,7 +198,7 @@ def test_independent_culprits_need_find_all() -> None:
     (culprit,) = first.culprits
     assert frozenset(culprit.units) in oracle.causes
     assert culprit.without is None and first.restored is None
-    assert "find_all" in first.message
+    assert "--find-all" in first.message
 
     every = search(oracle.units, make_oracle(16, "independent", seed=4), find_all=True)
     assert every.outcome is SearchOutcome.FOUND

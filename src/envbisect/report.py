@@ -213,7 +213,13 @@ def summary_lines(result: RunResult) -> list[str]:
         for c in result.culprits:
             lines.append(culprit_sentence(c, c.good_median, c.bad_median))
             lines += [f"  {line}" for line in (c.within.lines() if c.within else ())]
-        return lines
+        causes = {frozenset((c.unit.id, *c.together_with)) for c in result.culprits}
+        if len(causes) > 1:
+            lines.append(
+                f"{len(causes)} independent causes: each one alone brings the regression "
+                "on top of the good state; reverting one leaves the others"
+            )
+        return lines + [f"Note: {finding}" for finding in result.findings]
     lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
     if result.blocked:
         lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
@@ -376,6 +382,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
         "bad_median_tok_per_s": result.bad_median,
         "not_bisected": dict(result.blocked),
         "notes": list(result.notes),
+        "findings": list(result.findings),
         "message": result.message,
         "session": str(result.session),
         "threshold_source": result.threshold_source,

@@ -291,6 +291,9 @@ class SearchResult:
     candidates: tuple[str, ...] = ()
     restored: Evidence | None = None
     interrupted: bool = False
+    # What a found culprit leaves open (others remain, reverting it falls short) and the
+    # states measured again after samples under load: said under the culprit lines.
+    notes: tuple[str, ...] = ()
 
     @property
     def samples(self) -> int:
@@ -491,6 +494,7 @@ class _Engine:
         # (once each), and what that said (notes of the result).
         self._rechecked: set[State] = set()
         self.recheck_notes: list[str] = []
+        self.found_notes: list[str] = []  # of the culprits found (``_found_message``)
         self.core: frozenset[str] = frozenset()
         # What is known so far, for an aborted search.
         self.candidates: frozenset[str] = self.all
@@ -1372,10 +1376,10 @@ class _Engine:
             if not self.find_all:
                 failure = self.records[State.of(remainder)].failure
                 notes.append(
-                    f"everything but it fails too ({failure}): search with find_all to isolate why"
+                    f"everything but it fails too ({failure}): --find-all isolates why"
                     if failure
                     else "reverting it alone does not restore speed: other changes slow it "
-                    "down too (search with find_all to isolate them)"
+                    "down too (--find-all isolates them)"
                 )
                 break
             bad = remainder
@@ -1396,12 +1400,13 @@ class _Engine:
         return [
             f"reverting it brings back {_k(median(got.samples))}, not the good state's "
             f"{_k(median(good.samples))}: smaller slowdowns stay above the threshold "
-            "(a higher threshold and find_all would isolate them)"
+            "(a higher threshold and --find-all would isolate them)"
         ]
 
     def _found_message(self, notes: list[str]) -> str:
         names = "; ".join(" + ".join(c.units) for c in self.culprits)
         msg = f"culprit: {names}" if len(self.culprits) == 1 else f"culprits: {names}"
+        self.found_notes = list(notes)
         return "; ".join([msg, *notes, *self.recheck_notes])
 
     def _result(
@@ -1424,6 +1429,7 @@ class _Engine:
             candidates=tuple(self._sorted(candidates)),
             restored=restored,
             interrupted=interrupted,
+            notes=(*self.found_notes, *self.recheck_notes),
         )
 
     def aborted(self, why: str, *, interrupted: bool) -> SearchResult:
