@@ -206,6 +206,32 @@ def test_the_first_bad_release_between_the_endpoints_is_named_within_the_bound(
 
 
 @pytest.mark.slow
+def test_with_find_all_each_guilty_package_gets_its_release_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sc = Scenario(tmp_path)
+    build_wheel(sc.wheels, "ebwork", "2.1", "WORK = 1  # still fast\n")
+    build_wheel(sc.wheels, "ebwork", "2.2", f"WORK = {SLOWDOWN}  # the slow one\n")
+    build_wheel(sc.wheels, "ebslow", "1.0", "WORK = 1\n")
+    build_wheel(sc.wheels, "ebslow", "1.5", f"WORK = {SLOWDOWN}  # slow from here\n")
+    build_wheel(sc.wheels, "ebslow", "2.0", f"WORK = {SLOWDOWN}  # still slow\n")
+    sc.venv("ebwork==3.0", "ebslow==2.0")
+    monkeypatch.setenv("EB_WORK_MODULES", "ebwork,ebslow")
+    monkeypatch.setenv("EB_TOKENS", "2000")
+    good = {"ebwork": pkg("1.0"), "ebslow": pkg("1.0")}
+    _write(sc, good, {"ebwork": pkg("3.0"), "ebslow": pkg("2.0")})
+
+    res, doc = _run(sc, "--find-all", "--until", "50%")  # each alone is 8x slower, both 64x
+
+    assert res.return_value == 0, res.output
+    within = {c["unit"]: c["within"]["release"] for c in doc["culprits"]}
+    assert set(within) == {"packages:ebwork", "packages:ebslow"}, res.output
+    assert within["packages:ebwork"]["first_bad"] == "2.2"
+    assert within["packages:ebslow"]["first_bad"] == "1.5"
+    assert "first bad release: ebslow 1.5 (1.0 is the last fast one)" in res.stdout
+
+
+@pytest.mark.slow
 def test_the_release_search_counts_in_max_trials(tmp_path: Path) -> None:
     sc = Scenario(tmp_path)
     build_wheel(sc.wheels, "ebwork", "2.1", "WORK = 1  # still fast\n")

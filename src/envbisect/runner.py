@@ -1386,14 +1386,14 @@ def _hunk_step(
 
 def _package_step(
     result: SearchResult, context: _RunContext, tester: _TrialRunner
-) -> tuple[PackageFinding | None, tuple[TrialRow, ...]]:
-    """A guilty torch stack or package: its component, then its first bad release
-    (``bisect.pkgrun``); its trials as rows, their verdicts logged as the engine's are."""
+) -> tuple[tuple[PackageFinding, ...], tuple[TrialRow, ...]]:
+    """Guilty torch stacks and packages: their component, then their first bad release
+    (``bisect.pkgrun``); the trials as rows, their verdicts logged as the engine's are."""
     from envbisect.bisect.pkgrun import find_within
 
     settings = _step_settings(result, context, tester)
     if settings is None:
-        return None, ()
+        return (), ()
 
     def number(state: State) -> int:
         return tester.index_of.get(state_key(state.applied, state.positions), 0)
@@ -1401,9 +1401,10 @@ def _package_step(
     act = tester.actuator
     releases, resolve = _releases(act), _resolver(act)
     found = find_within(result, act, tester, settings, tester.progress, number, releases, resolve)
-    if found is None:
-        return None, ()
-    return found, _step_rows(found.trials, context, number, dict(found.labels))
+    rows = tuple(
+        row for f in found for row in _step_rows(f.trials, context, number, dict(f.labels))
+    )
+    return found, rows
 
 
 def _releases(actuator: Actuator) -> Releases:
@@ -1466,13 +1467,14 @@ def _step_rows(
 
 
 def _with_within(
-    out: RunResult, within: PackageFinding | None, rows: tuple[TrialRow, ...]
+    out: RunResult, within: Sequence[PackageFinding], rows: tuple[TrialRow, ...]
 ) -> RunResult:
-    """The run's result with the package step's trials and finding on its culprit."""
-    if within is None:
+    """The run's result with the package step's trials and each finding on its culprit."""
+    if not within:
         return out
+    by_unit = {f.unit: f for f in within}
     culprits = tuple(
-        replace(c, within=within) if c.unit.id == within.unit else c for c in out.culprits
+        replace(c, within=by_unit[c.unit.id]) if c.unit.id in by_unit else c for c in out.culprits
     )
     return replace(out, culprits=culprits, trials=out.trials + rows)
 

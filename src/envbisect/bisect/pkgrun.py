@@ -31,7 +31,7 @@ import contextlib
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -519,10 +519,12 @@ def _between(good: str, bad: str, available: Sequence[Version]) -> list[str]:
     return ordered if _version(bad) >= _version(good) else ordered[::-1]
 
 
-def _guilty(result: SearchResult, units: Mapping[str, Any]) -> tuple[Any, frozenset[str]] | None:
-    """The first culprit unit the package step can narrow: a torch stack, or one package."""
+def _guilty(result: SearchResult, units: Mapping[str, Any]) -> list[tuple[Any, frozenset[str]]]:
+    """The culprit units the package step can narrow (torch stacks, single packages), each
+    with the units it was isolated with, in the order the search found them."""
     if result.outcome is not SearchOutcome.FOUND:
-        return None
+        return []
+    out = []
     for iso in result.culprits:
         for unit_id in iso.units:
             unit = units.get(unit_id)
@@ -530,8 +532,8 @@ def _guilty(result: SearchResult, units: Mapping[str, Any]) -> tuple[Any, frozen
                 continue
             plain = unit.section == "packages" and len(unit.changes) == 1
             if unit.section == "torch-stack" or plain:
-                return unit, frozenset(iso.units)
-    return None
+                out.append((unit, frozenset(iso.units)))
+    return out
 
 
 def find_within(
@@ -543,17 +545,27 @@ def find_within(
     number: Callable[[State], int],
     releases: Releases,
     resolve: Resolve | None = None,
-) -> PackageFinding | None:
-    """Below the first guilty package unit of ``result``: the stack's component, then the
-    first bad release (see the module docstring). None when no culprit is a package unit."""
-    found = _guilty(result, {u.id: u for u in actuator.units})
-    if found is None:
-        return None
-    unit, core = found
+) -> tuple[PackageFinding, ...]:
+    """Below each guilty package unit of ``result`` (several with ``--find-all``), within
+    one budget: the stack's component, then the first bad release (see the module
+    docstring). () when no culprit is a package unit."""
     noise = Noise.from_groups(t.samples for t in result.trials if not t.failure)
-    assert result.threshold is not None
-    m = Measure(measure, Judge(result.threshold, noise), settings, progress, number)
-    step = _Step(unit, core, actuator, m, settings)
+    out: list[PackageFinding] = []
+    for unit, core in _guilty(result, {u.id: u for u in actuator.units}):
+        spent = sum(len(f.trials) for f in out)
+        left = None if settings.budget is None else settings.budget - spent
+        if left is not None and left <= 0:
+            break
+        assert result.threshold is not None
+        mine = replace(settings, budget=left)
+        m = Measure(measure, Judge(result.threshold, noise), mine, progress, number)
+        out.append(_below(_Step(unit, core, actuator, m, mine), releases, resolve))
+    return tuple(out)
+
+
+def _below(step: _Step, releases: Releases, resolve: Resolve | None) -> PackageFinding:
+    """One guilty package unit: its component (a torch stack), then its first bad release."""
+    unit, progress = step.unit, step.m.progress
     split = None
     key: str | None = str(unit.changes[0].key)
     base: dict[str, Any] = {}
@@ -573,7 +585,7 @@ def find_within(
     if release is not None:
         progress(release.sentence())
     labels = tuple(step.labels.items())
-    return PackageFinding(unit.id, split, release, tuple(m.trials), labels)
+    return PackageFinding(unit.id, split, release, tuple(step.m.trials), labels)
 
 
 def uv_resolver(uv: str, source_args: Sequence[str], python: str) -> Resolve:
