@@ -205,7 +205,14 @@ def hunk_section(h: HunkCulprit) -> list[str]:
 def summary_lines(result: RunResult) -> list[str]:
     """The end of ``run``'s output: culprit sentence(s) or why there is none."""
     if result.culprits:
-        return [culprit_sentence(c, c.good_median, c.bad_median) for c in result.culprits]
+        lines = [culprit_sentence(c, c.good_median, c.bad_median) for c in result.culprits]
+        causes = {frozenset((c.unit.id, *c.together_with)) for c in result.culprits}
+        if len(causes) > 1:
+            lines.append(
+                f"{len(causes)} independent causes: each one alone brings the regression "
+                "on top of the good state; reverting one leaves the others"
+            )
+        return lines + [f"Note: {finding}" for finding in result.findings]
     lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
     if result.blocked:
         lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
@@ -367,6 +374,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
         "bad_median_tok_per_s": result.bad_median,
         "not_bisected": dict(result.blocked),
         "notes": list(result.notes),
+        "findings": list(result.findings),
         "message": result.message,
         "session": str(result.session),
         "threshold_source": result.threshold_source,

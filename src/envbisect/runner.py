@@ -453,6 +453,7 @@ class RunOptions:
     timeout_s: float = 600
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
+    find_all: bool = False  # go on after the first cause while reverting it is not enough
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
@@ -470,6 +471,7 @@ class RunOptions:
             on_failure=self.on_crash,
             workers=workers,
             crash_runs=self.crash_runs,
+            find_all=self.find_all,
         )
 
 
@@ -627,6 +629,8 @@ class RunResult:
     good_median: float | None = None
     bad_median: float | None = None
     target_args: tuple[str, ...] = ()  # --config/--python/--via words that reproduce the run
+    # What the search says beside its culprits: others remain, a state measured again.
+    findings: tuple[str, ...] = ()
     threshold_source: str = "default"
     threshold_fraction: float | None = None
     noise: float | None = None  # per-sample spread (log scale) the verdicts used
@@ -1744,6 +1748,7 @@ def _result(result: SearchResult, context: _RunContext, numbers: Mapping[str, in
         culprits=culprits,
         trials=rows,
         notes=(*context.notes, *notes),
+        findings=result.notes,
         good_median=next((r.median for r in rows if not r.applied), None),
         bad_median=bad_med,
         noise=result.noise,

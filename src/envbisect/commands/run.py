@@ -79,6 +79,14 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     help="When the bad state is not slow, run it up to N times looking for an intermittent "
     "crash before calling it not reproduced (a crash that strikes 1 run in 8 needs ~24).",
 )
+@click.option(
+    "--find-all",
+    is_flag=True,
+    help="Go on after the first cause while reverting it does not restore speed: name every "
+    "change that brings the regression on its own (e.g. a cleared compile cache and a grown "
+    "dataset that each make training crash). Without it the run stops at the first cause "
+    "and says when others remain.",
+)
 @session_option
 @click.option(
     "--resume", is_flag=True, help="Continue the session (after an interruption, or to add trials)."
@@ -199,6 +207,7 @@ class RunFlags:
     timeout_s: float
     on_crash: str
     crash_runs: int
+    find_all: bool
     session_dir: str | None
     resume: bool
     fresh: bool
@@ -260,6 +269,7 @@ class RunFlags:
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
+            find_all=self.find_all,
             trust=tuple(Path(p).absolute() for p in self.trust),
         )
 
