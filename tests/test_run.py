@@ -204,7 +204,11 @@ def test_git_culprit_is_narrowed_to_the_first_bad_commit(
     assert f"commits {sc.commits[0][:12]}..{sc.commits[-1][:12]} in {sc.repo} (4):" in report
     assert f"{slow[:12]} more work per token  ← first bad commit" in report
     assert f"{sc.commits[-1][:12]} and again\n" in report
-    assert f"git -C {sc.repo} checkout {slow[:12]} && python train.py" in report
+    # Next: the commit checked out, then the command as the run ran it (its cwd, the
+    # target's python for a bare `python`).
+    assert f"git -C {sc.repo} checkout {slow[:12]} && cd {sc.repo} && {sc.python} train.py" in (
+        report
+    )
     assert culprit["details"][0].startswith("commits ")
 
 
