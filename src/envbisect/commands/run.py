@@ -62,7 +62,13 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     default=None,
     help="Samples per state to start with (default: repeats: in envbisect.yaml, else 3).",
 )
-@click.option("--max-trials", type=int, default=None, help="Budget of distinct states.")
+@click.option(
+    "--max-trials",
+    type=int,
+    default=None,
+    help="Budget of distinct states, the steps below a culprit included (commits, hunks, "
+    "torch stack components, releases).",
+)
 @timeout_option
 @click.option(
     "--on-crash",
@@ -131,8 +137,14 @@ def command(**flags: Any) -> int:
 
     Each trial realizes an in-between state in a sandbox (uv venv, git worktree, journaled
     file swap, per-trial env and compile caches), runs the smoke command (after --; default
-    the built-in drafter smoke test) and reads its tok/s. Exit 0 culprit found, 1 no single
-    culprit, 2 bad input, 130 interrupted (resume with --resume; clean up with reset).
+    the built-in drafter smoke test) and reads its tok/s. Before the first trial, every
+    package version either endpoint needs is looked up in the sources envbisect.yaml names
+    (indexes, find_links, index_strategy, offline, pins): what is missing is listed in one
+    message (exit 2). Below a culprit it goes on: a repo to its first bad commit and hunk;
+    a guilty torch stack to its component (torch itself, triton, the CUDA wheels, ...);
+    one guilty package to its first bad release among those the sources hold. Exit 0
+    culprit found, 1 no single culprit, 2 bad input, 130 interrupted (resume with
+    --resume; clean up with reset).
     """
     from envbisect import report
     from envbisect.agent.redact import redact_text
