@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
@@ -34,3 +35,8 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     monkeypatch.setenv("ENVBISECT_LOCK_DIR", str(tmp_path_factory.getbasetemp() / "locks"))
     # The per-user key that marks manifests as this user's own (envbisect.trust).
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "xdg-config"))
+    # Log dirs that envbisect keeps for a failed run (check, smoke, snapshot) go under the
+    # session's base temp, not /tmp, so a test run leaves nothing behind.
+    keep = tmp_path_factory.getbasetemp() / "t"
+    keep.mkdir(exist_ok=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(keep))

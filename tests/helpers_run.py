@@ -1,7 +1,8 @@
 """Builders for run/check tests: tiny real wheels, a real git repo, manifests, a workload.
 
 The workload (``WORKLOAD``) does real arithmetic per "token"; how much depends on the state:
-the installed version of the ``ebwork`` package (``ebwork.WORK``), the env var
+the installed version of the ``ebwork`` package (``ebwork.WORK``; ``$EB_WORK_MODULES``
+names other modules whose ``WORK`` multiplies it), the env var
 ``EB_SLOW``, and the file ``knob.txt`` next to the script. It prints ``N tok/s`` and an
 ``ENVBISECT_RESULT`` line, so both metric paths are exercised.
 """
@@ -12,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -26,11 +28,13 @@ SLOWDOWN = 8  # work factor of a "slow" change; thresholds sit between 1x and th
 
 WORKLOAD = r"""
 import json, os, sys, time
-try:
-    import ebwork
-    work = ebwork.WORK
-except ImportError:
-    work = 1
+work = 1
+for name in os.environ.get("EB_WORK_MODULES", "ebwork").split(","):
+    try:
+        work *= __import__(name).WORK
+    except ModuleNotFoundError as exc:
+        if exc.name != name:  # absent is fine; a module that fails to import is a crash
+            raise
 here = os.path.dirname(os.path.abspath(__file__))
 knob = os.path.join(here, "knob.txt")
 if os.path.exists(knob):
@@ -54,13 +58,31 @@ print("ENVBISECT_RESULT " + json.dumps({"ok": True, "tok_per_s": rate}))
 """
 
 
-def build_wheel(dest: Path, name: str, version: str, body: str) -> Path:
-    """A real, installable pure-Python wheel with one module ``<name>.py``."""
+def build_wheel(
+    dest: Path,
+    name: str,
+    version: str,
+    body: str,
+    requires: tuple[str, ...] = (),
+    *,
+    package: bool = False,
+) -> Path:
+    """A real, installable pure-Python wheel with one module ``<name>.py`` (``-`` in the
+    name becomes ``_``; ``package``: a package ``<name>/__init__.py`` with a submodule
+    ``<name>/sub/more.py``), with ``requires`` as its ``Requires-Dist`` lines."""
     dest.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
+    module = name.replace("-", "_")
+    dist = f"{module}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    modules = (
+        {f"{module}/__init__.py": body.encode(), f"{module}/sub/more.py": b"MORE = 1\n"}
+        if package
+        else {f"{module}.py": body.encode()}
+    )
     files = {
-        f"{name}.py": body.encode(),
-        f"{dist}/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").encode(),
+        **modules,
+        f"{dist}/METADATA": metadata.encode(),
         f"{dist}/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: envbisect-tests\nRoot-Is-Purelib: true\n"
             b"Tag: py3-none-any\n"
@@ -72,27 +94,52 @@ def build_wheel(dest: Path, name: str, version: str, body: str) -> Path:
         record_lines.append(f"{path},sha256={digest},{len(data)}")
     record_lines.append(f"{dist}/RECORD,,")
     files[f"{dist}/RECORD"] = ("\n".join(record_lines) + "\n").encode()
-    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    wheel = dest / f"{module}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, data in files.items():
             zf.writestr(path, data)
     return wheel
 
 
+def simple_index(
+    root: Path,
+    wheels: dict[str, list[tuple[Path, float | None]]],
+    attrs: dict[str, str] | None = None,
+) -> Path:
+    """A local PEP 503 simple index (file://) at ``root``: per project a page linking its
+    files, with PEP 700 upload times where given; ``attrs``: file name → extra anchor
+    attributes (``data-yanked``, ``data-requires-python``)."""
+    from envbisect.reconstruct import iso
+
+    for name, files in wheels.items():
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        links = []
+        for wheel, uploaded in files:
+            shutil.copy2(wheel, d / wheel.name)
+            extra = (attrs or {}).get(wheel.name, "")
+            if uploaded is not None:
+                extra += f' data-upload-time="{iso(uploaded)}"'
+            links.append(f'<a href="{wheel.name}"{extra}>{wheel.name}</a>')
+        (d / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>\n")
+    return root
+
+
 def uv() -> str:
     return str(Path(sys.executable).parent / "uv")
 
 
-def make_venv(path: Path, wheels: Path, *reqs: str) -> Path:
+def make_venv(path: Path, wheels: Path, *reqs: str, bytecode: bool = True) -> Path:
     """A real uv venv at ``path`` with ``reqs`` installed from ``wheels`` only."""
     subprocess.run([uv(), "venv", "-q", "--python", sys.executable, str(path)], check=True)
     if reqs:
-        install(path, wheels, *reqs)
+        install(path, wheels, *reqs, bytecode=bytecode)
     return path
 
 
-def install(venv: Path, wheels: Path, *reqs: str) -> None:
-    """``uv pip install`` into ``venv`` from ``wheels``, offline, with bytecode (like pip)."""
+def install(venv: Path, wheels: Path, *reqs: str, bytecode: bool = True) -> None:
+    """``uv pip install`` into ``venv`` from ``wheels``, offline, with bytecode (like pip;
+    ``bytecode=False``: like uv's default, none)."""
     subprocess.run(
         [
             uv(),
@@ -102,7 +149,7 @@ def install(venv: Path, wheels: Path, *reqs: str) -> None:
             "--no-deps",
             "--offline",
             "--no-index",
-            "--compile-bytecode",
+            *(["--compile-bytecode"] if bytecode else []),
             "--find-links",
             str(wheels),
             "--python",

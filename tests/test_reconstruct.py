@@ -14,7 +14,6 @@ import ast
 import glob
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from envbisect.config import Config
 from envbisect.errors import ReconstructError
 from envbisect.reconstruct import AGENT, Confidence, iso, parse_as_of, rebuild
 from envbisect.transport import Transport
-from tests.helpers_run import WORKLOAD, build_wheel, run_workload, uv
+from tests.helpers_run import WORKLOAD, build_wheel, run_workload, simple_index, uv
 
 DAY = 86400.0
 NOW = time.time()
@@ -70,21 +69,6 @@ def _write(path: Path, text: str, when: float) -> Path:
     return path
 
 
-def _index(root: Path, wheels: dict[str, list[tuple[Path, float]]]) -> Path:
-    """A local simple index (file://) whose links carry PEP 700 upload times."""
-    for name, files in wheels.items():
-        d = root / name
-        d.mkdir(parents=True, exist_ok=True)
-        links = []
-        for wheel, uploaded in files:
-            shutil.copy2(wheel, d / wheel.name)
-            links.append(
-                f'<a href="{wheel.name}" data-upload-time="{iso(uploaded)}">{wheel.name}</a>'
-            )
-        (d / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>\n")
-    return root
-
-
 class World:
     """The user's machine, built in time order (see the module docstring)."""
 
@@ -104,7 +88,7 @@ class World:
             ("eblate", "1.0"): build_wheel(w, "eblate", "1.0", "Y = 1\n"),
             ("eblate", "2.0"): build_wheel(w, "eblate", "2.0", "Y = 2  # same speed\n"),
         }
-        self.index = _index(
+        self.index = simple_index(
             tmp / "index",
             {
                 "ebwork": [(wheel["ebwork", "1.0"], T0 - DAY), (wheel["ebwork", "3.0"], T2 - DAY)],

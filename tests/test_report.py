@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
 from envbisect import manifest as mf
+from envbisect.cli import cli
 from envbisect.diff import diff_manifests
 from envbisect.report import as_json, explain_trial, render_markdown, trial_table
 from envbisect.runner import Culprit, RunResult, SmokeCommand, TrialRow
+from tests.helpers_run import Scenario, build_wheel, freeze, make_venv, pkg
 
 
 def _rows(units: list[str]) -> list[TrialRow]:
@@ -144,3 +154,67 @@ def test_outliers_are_states_beyond_either_endpoint_by_more_than_the_noise() -> 
     assert outlier([4000.0, 4100.0, 3900.0], good, bad, 0.03) == "2.25× slower than the bad state"
     assert outlier([18800.0, 19000.0, 18700.0], good, bad, 0.03) is None  # within the noise
     assert outlier([21000.0] * 3, good, bad, 0.30) is None  # a noisy machine: not beyond it
+
+
+@pytest.mark.slow
+def test_the_next_command_run_by_a_shell_makes_the_culprit_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run names ebwork 1.0 → 3.0; its Next, run by bash on a fresh target venv in
+    the good state and then in the bad state, leaves exactly the culprit state's packages:
+    ebwork 3.0 (the culprit), ebonly kept (removed in bad, not the culprit), ebnew gone
+    (added in bad, not the culprit) — and runs the workload with the target's python."""
+    sc = Scenario(tmp_path)
+    build_wheel(sc.wheels, "ebnew", "1.0", "N = 1\n")
+    sc.venv("ebwork==3.0", "ebnew==1.0")
+    git = sc.git_entry(sc.commits[0])
+    sc.write(
+        good={"packages": {"ebwork": pkg("1.0"), "ebonly": pkg("1.0")}, "git": git},
+        bad={"packages": {"ebwork": pkg("3.0"), "ebnew": pkg("1.0")}, "git": git},
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.1\n",
+    )
+    out = tmp_path / "result.json"
+    monkeypatch.chdir(sc.repo)  # the user types the command from their repo
+    res = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--config",
+            str(sc.config),
+            "--python",
+            sc.python,
+            "--session",
+            str(tmp_path / "session"),
+            "--json",
+            str(out),
+            "--bad",
+            str(sc.bad),
+            "--",
+            "python",
+            "train.py",
+        ],
+        standalone_mode=False,
+        catch_exceptions=False,
+    )
+    doc = json.loads(out.read_text())
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
+    nxt = doc["next"]
+    assert f"uv pip uninstall --python {sc.python} ebnew && " in nxt
+    assert f"--default-index {sc.index.as_uri()} --find-links {sc.wheels}" in nxt
+    assert nxt.endswith(f"&& cd {sc.repo} && {sc.python} train.py")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for state in (("ebwork==1.0", "ebonly==1.0"), ("ebwork==3.0", "ebnew==1.0")):
+        shutil.rmtree(sc.target)
+        make_venv(sc.target, sc.wheels, *state)
+        proc = subprocess.run(
+            ["bash", "-c", nxt],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "tok/s" in proc.stdout
+        assert freeze(sc.target).split() == ["ebonly==1.0", "ebwork==3.0"], state

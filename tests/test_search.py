@@ -198,7 +198,7 @@ def test_independent_culprits_need_find_all() -> None:
     (culprit,) = first.culprits
     assert frozenset(culprit.units) in oracle.causes
     assert culprit.without is None and first.restored is None
-    assert "find_all" in first.message
+    assert "--find-all" in first.message
 
     every = search(oracle.units, make_oracle(16, "independent", seed=4), find_all=True)
     assert every.outcome is SearchOutcome.FOUND
@@ -628,3 +628,49 @@ def test_an_unfaithful_endpoint_is_its_own_outcome(endpoint: frozenset[str]) -> 
         "(state not faithful: packages x 1.0 → 2.0)"
     )
     assert "outside the recorded software" not in result.message
+
+
+# -- samples taken under other processes' load ---------------------------------------------------
+
+
+def _loaded_during(calls: tuple[int, int], *, flagged: bool) -> tuple[SearchResult, list[str]]:
+    """Eight units, ``u2`` halves the speed; the test function's calls numbered ``calls``
+    (both ends included) run while another process takes half the machine: their samples
+    come out at half speed, flagged as contended when ``flagged``."""
+    done: list[State] = []
+
+    def test(state: State, n: int) -> Outcome:
+        done.append(state)
+        loaded = calls[0] <= len(done) <= calls[1]
+        base = (1500.0 if "u2" in state.applied else 3000.0) * (0.5 if loaded else 1.0)
+        xs = tuple(base * (1 + 0.01 * ((i + len(done)) % 3 - 1)) for i in range(n))
+        return Outcome(samples=xs, contended=(loaded and flagged,) * n)
+
+    phases: list[str] = []
+    res = search(
+        [f"u{i}" for i in range(8)],
+        test,
+        progress=lambda e: phases.append(e.message) if e.kind is EventKind.PHASE else None,
+    )
+    return res, phases
+
+
+@pytest.mark.parametrize("calls", [(2, 2), (3, 4), (4, 5)])
+def test_a_verdict_taken_under_passing_load_is_measured_again_before_it_names_a_culprit(
+    calls: tuple[int, int],
+) -> None:
+    unflagged, _ = _loaded_during(calls, flagged=False)
+    res, phases = _loaded_during(calls, flagged=True)
+    # Unflagged, the busy moment misleads the search (a wrong culprit, or none) ...
+    assert culprit_sets(unflagged) != {frozenset({"u2"})}
+    # ... flagged, the states judged on loaded samples are measured again, and said.
+    assert res.outcome is SearchOutcome.FOUND and culprit_sets(res) == {frozenset({"u2"})}
+    assert any("other processes loaded the machine: measuring it again" in p for p in phases)
+    assert "measured again" in res.message
+
+
+def test_a_machine_busy_all_along_is_not_measured_again() -> None:
+    res, phases = _loaded_during((1, 10_000), flagged=True)
+    assert culprit_sets(res) == {frozenset({"u2"})}
+    assert not any("measuring it again" in p for p in phases)
+    assert "measured again" not in res.message

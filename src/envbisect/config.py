@@ -9,6 +9,7 @@ type or an unknown key is one ConfigError naming the file and the field.
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.errors import ConfigError
+from envbisect.sources import INDEX_STRATEGIES, Pin
 
 CONFIG_NAME = "envbisect.yaml"
 
@@ -66,6 +68,11 @@ class Config:
     index_url: str | None = None
     extra_index_urls: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
+    indexes: tuple[str, ...] = ()  # searched in this order, before the default index
+    default_index: str | None = None  # the entry of indexes marked default: true
+    index_strategy: str | None = None  # uv's --index-strategy
+    offline: bool = False
+    pins: Mapping[str, Pin] = field(default_factory=dict)  # canonical name -> Pin
     data_map: Mapping[str, str] = field(default_factory=dict)
     smoke: tuple[str, ...] | None = None  # one argv
     threshold: Any = None  # metric.Threshold (source "envbisect.yaml threshold") or None
@@ -120,6 +127,7 @@ class Config:
             index_url=v.opt_str(data, "index_url"),
             extra_index_urls=tuple(v.str_list(data, "extra_index_urls")),
             find_links=tuple(v.location(p) for p in v.str_list(data, "find_links")),
+            **v.sources(data),
             data_map={
                 str(v.path(k)): str(v.path(p))
                 for k, p in sorted(v.str_map(data, "data_map").items())
@@ -178,6 +186,10 @@ _FIELDS = (
     "index_url",
     "extra_index_urls",
     "find_links",
+    "indexes",
+    "index_strategy",
+    "offline",
+    "pins",
     "data_map",
     "smoke",
     "threshold",
@@ -216,6 +228,9 @@ def _read_yaml(path: Path) -> Any:
 def _absolute(p: Path, base: Path) -> Path:
     p = p.expanduser()
     return p if p.is_absolute() else base / p
+
+
+_PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)
 
 
 def _is_url(text: str) -> bool:
@@ -285,6 +300,111 @@ class _Validator:
         if isinstance(value, int) and value > 0:
             return value
         raise self.fail("keep_blobs", "true, false or a positive byte count", value)
+
+    def sources(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``indexes`` (URLs or {url, default}), ``index_strategy``, ``offline``, ``pins``."""
+        indexes: list[str] = []
+        default: str | None = None
+        raw = data.get("indexes")
+        if raw is not None and not isinstance(raw, list):
+            raise self.fail("indexes", "a list of index URLs or {url, default}", raw)
+        for i, item in enumerate(raw or ()):
+            where = f"indexes[{i}]"
+            is_default = False
+            if isinstance(item, dict):
+                extra = sorted(str(k) for k in item if k not in ("url", "default"))
+                if extra:
+                    raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
+                is_default = item.get("default", False)
+                if not isinstance(is_default, bool):
+                    raise self.fail(f"{where}.default", "true or false", is_default)
+                item = item.get("url")
+                where += ".url"
+            url = self.index_location(item, where)
+            if not is_default:
+                indexes.append(url)
+            elif default is not None or data.get("index_url"):
+                other = "another entry" if default is not None else "'index_url'"
+                raise ConfigError(
+                    f"{self.file}: field '{where}': default: true, but {other} "
+                    "already names the default index"
+                )
+            else:
+                default = url
+        strategy = data.get("index_strategy")
+        if strategy is not None and strategy not in INDEX_STRATEGIES:
+            raise self.fail("index_strategy", " or ".join(INDEX_STRATEGIES), strategy)
+        offline = data.get("offline", False)
+        if not isinstance(offline, bool):
+            raise self.fail("offline", "true or false", offline)
+        index_url = self.opt_str(data, "index_url")
+        return {
+            "indexes": tuple(indexes),
+            "default_index": default
+            or (self.index_location(index_url, "index_url") if index_url else None),
+            "index_strategy": strategy,
+            "offline": offline,
+            "pins": self.pins(data),
+        }
+
+    def index_location(self, value: Any, where: str) -> str:
+        """An index URL (file://, http(s)://), or a local directory as its file:// URL."""
+        if not isinstance(value, str) or not value:
+            raise self.fail(where, "an index URL or directory", value)
+        if _is_url(value):
+            scheme = value.split("://", 1)[0].lower()
+            if scheme not in ("file", "http", "https"):
+                raise self.fail(where, "a file://, http:// or https:// URL", value)
+            return value
+        return self.path(value).as_uri()
+
+    def pins(self, data: dict[str, Any]) -> dict[str, Pin]:
+        """``pins:``: package -> version range, or {version, index} (index: the one index
+        the package comes from)."""
+        from packaging.utils import canonicalize_name
+
+        value = data.get("pins")
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(
+                "pins", "a mapping of package: version range or {version, index}", value
+            )
+        out: dict[str, Pin] = {}
+        for name, spec in value.items():
+            if not isinstance(name, str) or not _PACKAGE_NAME.match(name):
+                raise self.fail("pins", "keyed by package names", name)
+            canon = canonicalize_name(name)
+            if canon in out:
+                raise ConfigError(f"{self.file}: field 'pins.{name}': {name!r} is pinned twice")
+            out[canon] = self._pin(spec, f"pins.{name}")
+        return out
+
+    def _pin(self, spec: Any, where: str) -> Pin:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+        index = None
+        if isinstance(spec, dict):
+            extra = sorted(str(k) for k in spec if k not in ("version", "index"))
+            if extra:
+                raise ConfigError(f"{self.file}: unknown field '{where}.{extra[0]}'")
+            if spec.get("index") is not None:
+                index = self.index_location(spec["index"], f"{where}.index")
+            spec = spec.get("version", "")
+            where += ".version"
+        if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            spec = str(spec)  # pins: {einops: 0.7} reads as ==0.7
+        expected = "a version range such as '==0.7.0' or '>=1,<2'"
+        if not isinstance(spec, str):
+            raise self.fail(where, expected, spec)
+        text = spec.strip()
+        if text and text[0].isdigit():
+            text = "==" + text  # a bare version is an exact pin
+        try:
+            SpecifierSet(text)
+        except InvalidSpecifier:
+            raise self.fail(where, expected, spec) from None
+        return Pin(specifier=text, index=index)
 
     def threshold(self, data: dict[str, Any]) -> Any:
         from envbisect.errors import UsageError

@@ -9,6 +9,7 @@ from typing import Any
 
 from envbisect import scope, trust
 from envbisect.manifest import Manifest
+from envbisect.sources import Sources
 
 
 def realized_changes(diff: Any) -> list[Any]:
@@ -26,11 +27,19 @@ def run_scope(config: Any, manifests: Iterable[Manifest]) -> scope.Scope:
 
 
 def indexes(config: Any) -> tuple[str, ...]:
-    """The package sources the config names (index_url, extra_index_urls, find_links)."""
+    """The package sources the config names (indexes, find-links, pins' indexes)."""
     if config is None:
         return ()
+    src = Sources.from_config(config)
+    pinned = tuple(p.index for p in src.pins.values() if p.index)
     return tuple(
-        str(u) for u in (config.index_url, *config.extra_index_urls, *config.find_links) if u
+        dict.fromkeys(
+            str(u)
+            for u in (getattr(config, "index_url", None), *src.indexes, src.default_index)
+            + src.find_links
+            + pinned
+            if u
+        )
     )
 
 

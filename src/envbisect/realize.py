@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from envbisect.argvmap import PathMapper
 from envbisect.failure import Failure
 from envbisect.manifest import Manifest
+from envbisect.sources import Sources, install_groups
 
 if TYPE_CHECKING:
     from envbisect.bisect.actuate import TargetEnv
@@ -100,7 +101,7 @@ class Context:
     uv_missing: Callable[[], bool]  # no uv to build venvs with on the target
     here: str = "here"  # how messages name the target machine ("on the target")
     data_map: Mapping[str, str] = field(default_factory=dict)
-    index: tuple[str | None, tuple[str, ...], tuple[str, ...]] = (None, (), ())
+    sources: Sources = field(default_factory=Sources)  # where packages come from
 
 
 @dataclass(frozen=True)
@@ -129,14 +130,14 @@ class VenvSpec:
 
     def params(self) -> dict[str, Any]:
         """The ``venv`` operation's parameters (uv and ``where`` added by the executor)."""
-        index_url, extra, links = self.spec["index"]
+        sources = Sources.from_dict(self.spec["sources"])
         return {
             "venv": self.path,
             "base": self.base,
             "install": list(self.install),
-            "index_url": index_url,
-            "extra_index_urls": list(extra),
-            "find_links": list(links),
+            "installs": [
+                [args, reqs] for args, reqs in install_groups(self.spec["install"], sources)
+            ],
             "sites": list(self.sites),
             "excluded": {k: list(v) for k, v in self.excluded.items()},
             "spec": dict(self.spec),

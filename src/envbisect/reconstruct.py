@@ -10,6 +10,7 @@ manifest's ``reconstructed:`` block. Nothing here prints.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from envbisect.config import Config
 from envbisect.errors import ReconstructError, TransportError
 from envbisect.manifest import Manifest, ManifestError
 from envbisect.manifest import load as load_manifest
+from envbisect.sources import Sources, uv_args
 from envbisect.transport import Transport
 
 AGENT = "envbisect.collect.asof"
@@ -134,7 +136,8 @@ def uv_resolver(config: Config) -> Resolver:
             src = Path(tmp) / name
             src.write_text(text, encoding="utf-8")
             cons = Path(tmp) / "constraints.txt"
-            cons.write_text("".join(f"{c}\n" for c in constraints), encoding="utf-8")
+            lines = [*constraints, *_pin_constraints(config)]
+            cons.write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
             argv = [uv, "pip", "compile", "-q", "--no-header", "--no-annotate"]
             argv += ["--exclude-newer", iso(when), "-c", str(cons), str(src)]
             argv += _source_args(config)
@@ -147,23 +150,26 @@ def uv_resolver(config: Config) -> Resolver:
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
             raise ReconstructError(f"uv pip compile: {last.strip()}")
-        return _pins(proc.stdout)
+        return compiled_pins(proc.stdout)
 
     return resolve
 
 
 def _source_args(config: Config) -> list[str]:
-    argv: list[str] = []
-    if config.index_url:
-        argv += ["--index-url", config.index_url]
-    for url in config.extra_index_urls:
-        argv += ["--extra-index-url", url]
-    # find-links carry no upload time, so --exclude-newer cannot judge them: a find-links
-    # wheel would win whatever its age. They are evidence (kept wheels), not a source here.
-    return argv
+    """The config's sources as uv options, without find-links: they carry no upload time,
+    so --exclude-newer cannot judge them (a find-links wheel would win whatever its age).
+    They are evidence (kept wheels), not a source here."""
+    return uv_args(dataclasses.replace(Sources.from_config(config), find_links=()))
 
 
-def _pins(text: str) -> dict[str, str]:
+def _pin_constraints(config: Config) -> list[str]:
+    """The config's version pins as constraint lines (``einops==0.7.0``)."""
+    pins = getattr(config, "pins", None) or {}
+    return [f"{name}{pin.specifier}" for name, pin in sorted(pins.items()) if pin.specifier]
+
+
+def compiled_pins(text: str) -> dict[str, str]:
+    """``uv pip compile`` output → normalised name → pinned version."""
     from packaging.utils import canonicalize_name
 
     out: dict[str, str] = {}

@@ -64,7 +64,11 @@ def _applied(applied: Sequence[str], legend: Mapping[str, int] | None = None) ->
 def _unit(applied: str) -> str:
     """``git:/r@3`` → ``git:/r`` (the position of an ordered unit is not part of its id)."""
     head, sep, tail = applied.rpartition("@")
-    return head if sep and tail.isdigit() else applied
+    if sep and tail.isdigit():
+        return head
+    # ``torch-stack[triton]``: a package unit in a state of the package step (pkgrun)
+    head, sep, tail = applied.partition("[")
+    return head if sep and tail.endswith("]") and ":" not in tail else applied
 
 
 def _at(applied: str) -> str:
@@ -205,7 +209,17 @@ def hunk_section(h: HunkCulprit) -> list[str]:
 def summary_lines(result: RunResult) -> list[str]:
     """The end of ``run``'s output: culprit sentence(s) or why there is none."""
     if result.culprits:
-        return [culprit_sentence(c, c.good_median, c.bad_median) for c in result.culprits]
+        lines = []
+        for c in result.culprits:
+            lines.append(culprit_sentence(c, c.good_median, c.bad_median))
+            lines += [f"  {line}" for line in (c.within.lines() if c.within else ())]
+        causes = {frozenset((c.unit.id, *c.together_with)) for c in result.culprits}
+        if len(causes) > 1:
+            lines.append(
+                f"{len(causes)} independent causes: each one alone brings the regression "
+                "on top of the good state; reverting one leaves the others"
+            )
+        return lines + [f"Note: {finding}" for finding in result.findings]
     lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
     if result.blocked:
         lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
@@ -257,36 +271,84 @@ def next_command(result: RunResult) -> str | None:
     if not result.culprits:
         return None
     c = result.culprits[0]
-    smoke = shlex.join(result.smoke.argv) if result.smoke.argv else "envbisect smoke"
+    cd, smoke = _user_command(result)
     change = c.unit.changes[0]
     key = str(change.key)
     if c.unit.section == "env":
         if change.new is None:
-            return f"env -u {shlex.quote(key)} {smoke}"
+            return f"{cd}env -u {shlex.quote(key)} {smoke}"
         if isinstance(change.new, dict):
             return None  # redacted
-        return f"env {shlex.quote(f'{key}={change.new}')} {smoke}"
+        return f"{cd}env {shlex.quote(f'{key}={change.new}')} {smoke}"
     if c.unit.section == "git":
         commit = c.commit or (change.new.get("head") if isinstance(change.new, dict) else None)
         if not commit:
             return None
-        return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {smoke}"
+        return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {cd}{smoke}"
     if c.unit.section in ("packages", "torch-stack"):
-        pins = [
-            f"{x.key}=={x.new.get('version') if isinstance(x.new, dict) else x.new}"
-            for x in c.unit.changes
-            if x.section == "packages" and x.new is not None
-        ]
-        if not pins:
-            return None
-        python = _python_of(result)
-        return f"uv pip install --python {shlex.quote(python)} {shlex.join(pins)} && {smoke}"
+        return packages_command(result, c)
     if c.unit.section == "files":
         return (
-            f"{smoke}   # with {key} in its bad content (the diff above); trial "
+            f"{cd}{smoke}   # with {key} in its bad content (the diff above); trial "
             f"{c.bad_trial}'s trial.json has the exact argv, cwd and environment"
         )
     return None
+
+
+def packages_command(result: RunResult, culprit: Culprit) -> str | None:
+    """The target environment turned into the culprit's state, then the user's command.
+
+    Every package the diff changed is set to its value in that state (the culprit's new
+    value, every other change's good value): ``uv pip uninstall`` of those the state lacks,
+    ``uv pip install --no-deps`` of the rest from the run's package sources (the overlay
+    venvs were built the same way), then the command in the run's cwd with a bare
+    ``python`` replaced by the target interpreter.
+    """
+    from packaging.utils import canonicalize_name
+
+    from envbisect.sections.packages import PackageEntry
+
+    wanted: dict[str, Any] = {}
+    for unit in result.diff.units:
+        for x in unit.changes:
+            if x.section == "packages":
+                wanted[canonicalize_name(str(x.key))] = (
+                    x.new if unit.id == culprit.unit.id else x.old
+                )
+    if not wanted:
+        return None
+    python = result.python or _python_of(result)
+    installs, removals = [], []
+    for name, value in sorted(wanted.items()):
+        entry = PackageEntry.of(value)
+        if entry is None:
+            removals.append(name)
+        elif entry.version is not None or entry.direct_url:
+            installs.append(entry.requirement(name))
+    steps = []
+    if removals:
+        steps.append(shlex.join([result.uv, "pip", "uninstall", "--python", python, *removals]))
+    if installs:
+        steps.append(
+            shlex.join(
+                [result.uv, "pip", "install", "--python", python, "--no-deps"]
+                + [*result.uv_args, *installs]
+            )
+        )
+    cd, run = _user_command(result)
+    return " && ".join([*steps, cd + run])
+
+
+def _user_command(result: RunResult) -> tuple[str, str]:
+    """(``cd <cwd> && `` or "", the user's command): a bare ``python`` as the program is
+    the run's target interpreter, as in every trial (``argvmap``)."""
+    from envbisect.argvmap import PathMapper
+
+    cd = f"cd {shlex.quote(result.cwd)} && " if result.cwd else ""
+    if not result.smoke.argv:
+        python = ["--python", result.python] if result.python else []
+        return cd, shlex.join(["envbisect", "smoke", *python])
+    return cd, shlex.join(PathMapper().argv(result.smoke.argv, result.python))
 
 
 def _python_of(result: RunResult) -> str:
@@ -311,6 +373,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "why": list(c.why),
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
+                "within": c.within.as_dict() if c.within is not None else None,
             }
             for c in result.culprits
         ],
@@ -319,6 +382,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
         "bad_median_tok_per_s": result.bad_median,
         "not_bisected": dict(result.blocked),
         "notes": list(result.notes),
+        "findings": list(result.findings),
         "message": result.message,
         "session": str(result.session),
         "threshold_source": result.threshold_source,
@@ -344,23 +408,32 @@ _PURPOSE = {
 }
 
 
-def explain_trial(r: TrialRow, culprits: set[str]) -> str:
-    """One evidence line: what the trial was, what it measured, what that means."""
+def _purpose(r: TrialRow) -> str:
+    """What a trial was for, in words."""
     if r.purpose in _PURPOSE:
-        what = _PURPOSE[r.purpose]
-    elif r.purpose.startswith("narrow: hunks of "):
-        what = f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
-    elif r.purpose.startswith("narrow: files:"):
-        what = (
+        return _PURPOSE[r.purpose]
+    if r.purpose == "narrow: torch stack":
+        return "some components of the torch stack as in the bad state, the rest as in the good"
+    if r.purpose.startswith("narrow: releases of "):
+        return f"a release of {r.purpose.rsplit(' ', 1)[1]} between the two versions"
+    if r.purpose.startswith("narrow: hunks of "):
+        return f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
+    if r.purpose.startswith("narrow: files:"):
+        return (
             f"bisecting {r.purpose.split(': ', 1)[1]} over its versions (each commit that "
             "touched it, then the uncommitted edit)"
         )
-    elif r.purpose.startswith("narrow: "):
-        what = f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
-    else:
-        what = r.purpose or "a state"
+    if r.purpose.startswith("narrow: "):
+        return f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
+    return r.purpose or "a state"
+
+
+def explain_trial(r: TrialRow, culprits: set[str]) -> str:
+    """One evidence line: what the trial was, what it measured, what that means."""
+    what = _purpose(r)
     applied = {_unit(a) for a in r.applied}
-    if culprits and r.applied:
+    below = r.purpose.startswith(("narrow: torch stack", "narrow: releases of "))
+    if culprits and r.applied and not below:  # below a culprit: part of it, said by `what`
         what += "; with the culprit" if culprits & applied else "; without the culprit"
     if r.failure and r.verdict == "unresolved":
         meaning = f"unresolved: {r.failure}, so it counts neither way"
@@ -404,7 +477,10 @@ def render_markdown(result: RunResult) -> str:
     from envbisect.render import render_markdown as diff_markdown
 
     lines = ["## envbisect run", ""]
-    lines += [f"**{line}**" for line in summary_lines(result)]
+    lines += [
+        f"- {line.strip()}" if line.startswith("  ") else f"**{line}**"
+        for line in summary_lines(result)
+    ]
     lines += [
         "",
         machine_line(result),
@@ -444,6 +520,13 @@ def render_markdown(result: RunResult) -> str:
     if nxt:
         nxt = printable(nxt)
         lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
+        if result.culprits[0].unit.section in ("packages", "torch-stack"):
+            lines += [
+                "This installs into and uninstalls from the target environment itself (every "
+                "package the diff names gets its value in the culprit's state); run it in a "
+                "copy of the environment to keep yours.",
+                "",
+            ]
     lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
     return redact_text("\n".join(lines))
 

@@ -106,7 +106,20 @@ def op_probe(params):
         "home": home,
         "path": os.environ.get("PATH", ""),
         "uv": _find_uv(),
+        "no_bytecode": [d["name"] for d in dists if _installed_without_bytecode(d)],
     }
+
+
+def _installed_without_bytecode(dist):
+    """Whether the first module a distribution's RECORD lists has no bytecode beside it
+    (uv installs without it unless asked)."""
+    tag = sys.implementation.cache_tag
+    for rel in dist["files"] or ():
+        if rel.endswith(".py") and not rel.startswith("..") and "__pycache__" not in rel:
+            folder, stem = os.path.split(os.path.join(dist["location"], rel))
+            pyc = os.path.join(folder, "__pycache__", f"{stem[:-3]}.{tag}.pyc")
+            return bool(tag) and not os.path.exists(pyc)
+    return False
 
 
 def _find_uv():
@@ -223,7 +236,7 @@ def op_venv(params, run=None):
         return {"venv": None, "failure": "build: uv venv failed: " + _tail(text)}
     failure = _install(params, uv, run)
     if failure is None:
-        failure = _link_base(params)
+        failure = _link_base(params, run)
     if failure is not None:
         return {"venv": None, "failure": failure}
     with open(os.path.join(venv, READY), "w") as fh:
@@ -245,21 +258,23 @@ def _venv_known(venv):
 def _install(params, uv, run):
     """``uv pip install --no-deps`` of the wanted packages; the failure (also kept in the
     venv's FAILED file, so a revisit does not retry) or None."""
-    install = list(params.get("install") or ())
-    if not install:
-        return None
+    groups = params.get("installs")
+    if groups is None:  # one call with the shared sources (the host named none)
+        groups = [[[], list(params.get("install") or ())]]
     venv = params["venv"]
-    argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode"]
-    argv += ["--python", os.path.join(venv, "bin", "python")]
-    if params.get("index_url"):
-        argv += ["--index-url", params["index_url"]]
-    for url in params.get("extra_index_urls") or ():
-        argv += ["--extra-index-url", url]
-    for link in params.get("find_links") or ():
-        argv += ["--find-links", link]
-    code, text, log = run(argv + install, "build-install")
-    if code == 0:
-        return None
+    for source_args, install in groups:
+        if not install:
+            continue
+        # The host's envbisect.sources.uv_args: indexes, find-links, strategy, offline.
+        argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode"]
+        argv += ["--python", os.path.join(venv, "bin", "python")] + list(source_args)
+        code, text, log = run(argv + list(install), "build-install")
+        if code != 0:
+            return _install_failed(venv, install, params, text, log)
+    return None
+
+
+def _install_failed(venv, install, params, text, log):
     why = "build: uv pip install {} failed{}: {}".format(
         " ".join(install), params.get("where", " on the target"), _tail(text)
     )
@@ -270,8 +285,9 @@ def _install(params, uv, run):
     return why
 
 
-def _link_base(params):
-    """The link farm of the target's site-packages and the .pth that adds it."""
+def _link_base(params, run=None):
+    """The link farm of the target's site-packages and the .pth that adds it; packages
+    installed without bytecode get it (see :func:`add_bytecode`)."""
     venv = params["venv"]
     found = sorted(
         os.path.join(venv, "lib", d, "site-packages")
@@ -286,7 +302,138 @@ def _link_base(params):
         link_tree(site_dir, farm, "", set(excluded.get(site_dir) or ()))
     with open(os.path.join(found[0], "_envbisect_base.pth"), "w") as fh:
         fh.write(f"import site; site.addsitedir({farm!r})\n")
+    add_bytecode(venv, farm, run or _run_logged)
     return None
+
+
+# ---- bytecode ------------------------------------------------------------------------------
+#
+# A target environment installed without bytecode (uv does not compile by default) and a
+# machine that sets PYTHONDONTWRITEBYTECODE=1 (trials set it too: the farm links into the
+# target) make every trial compile every module it imports: `import torch` took 47-52 s
+# instead of 1-2 s. Bytecode cannot go into the target's own __pycache__ (it is never
+# written), so such a package is *mirrored* in the farm: real directories, files linked one
+# by one, and each directory's __pycache__ a link into ``<session>/bytecode/`` keyed by the
+# real directory — compiled once, read by every venv of the session (a .pyc is checked
+# against its source's mtime and size, and importlib fixes co_filename on load, so the same
+# file serves every path that leads to the source).
+
+
+def _cache_tag(python):
+    proc = subprocess.run(
+        [python, "-c", "import sys; print(sys.implementation.cache_tag or '')"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _first_source(path):
+    """The first ``.py`` file under ``path`` (its top level first), or None."""
+    for dirpath, dirs, names in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            if name.endswith(".py"):
+                return os.path.join(dirpath, name)
+    return None
+
+
+def _lacks_bytecode(path, tag):
+    """A package directory whose modules have no bytecode for ``tag`` beside them."""
+    source = _first_source(path)
+    if source is None:
+        return False
+    stem = os.path.basename(source)[:-3]
+    pyc = os.path.join(os.path.dirname(source), "__pycache__", f"{stem}.{tag}.pyc")
+    return not os.path.exists(pyc)
+
+
+def _top_modules_lack_bytecode(farm, tag):
+    """Whether a top-level module of the farm (a linked ``.py``) has no bytecode beside its
+    source."""
+    for entry in os.scandir(farm):
+        if entry.name.endswith(".py") and entry.is_symlink():
+            real = os.readlink(entry.path)
+            pyc = os.path.join(os.path.dirname(real), "__pycache__", f"{entry.name[:-3]}.{tag}.pyc")
+            if not os.path.exists(pyc):
+                return True
+    return False
+
+
+def _dirs_with_sources(root):
+    """Real paths of the directories under ``root`` that hold a ``.py`` file at any depth."""
+    out = set()
+    for dirpath, dirs, names in os.walk(root, topdown=False):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if any(n.endswith(".py") for n in names) or any(
+            os.path.join(dirpath, d) in out for d in dirs
+        ):
+            out.add(dirpath)
+    return out
+
+
+def mirror_tree(src, dst, store, keep):
+    """``dst``: real directories where ``src`` has sources below, every file a link, each
+    source directory's ``__pycache__`` a link to ``store`` + the source directory's path."""
+    os.makedirs(dst, exist_ok=True)
+    has_py = False
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        if entry.name == "__pycache__":
+            continue
+        out = os.path.join(dst, entry.name)
+        if os.path.lexists(out):
+            continue
+        if entry.is_dir(follow_symlinks=False) and entry.path in keep:
+            mirror_tree(entry.path, out, store, keep)
+            continue
+        os.symlink(entry.path, out)
+        has_py = has_py or entry.name.endswith(".py")
+    if has_py:
+        cache = store + os.path.realpath(src)
+        os.makedirs(os.path.join(cache, "__pycache__"), exist_ok=True)
+        os.symlink(os.path.join(cache, "__pycache__"), os.path.join(dst, "__pycache__"))
+
+
+def add_bytecode(venv, farm, run):
+    """Mirror the farm's packages that lack bytecode and compile them once into the
+    session's bytecode store (shared by its venvs); returns the mirrored names."""
+    python = os.path.join(venv, "bin", "python")
+    tag = _cache_tag(python)
+    if not tag or not os.path.isdir(farm):
+        return []
+    store = os.path.join(os.path.dirname(os.path.dirname(venv)), "bytecode")
+    mirrored = []
+    for entry in sorted(os.scandir(farm), key=lambda e: e.name):
+        if not entry.is_symlink() or not entry.is_dir():
+            continue  # a recreated directory (hidden files inside) stays as link_tree made it
+        real = os.readlink(entry.path)
+        if not _lacks_bytecode(real, tag):
+            continue
+        os.unlink(entry.path)
+        mirror_tree(real, entry.path, store, _dirs_with_sources(real))
+        mirrored.append(entry.name)
+    if _top_modules_lack_bytecode(farm, tag):
+        # The farm's own __pycache__ (a link to the first site's) serves its top-level
+        # modules (typing_extensions.py): point it at the store instead.
+        cache = os.path.join(store + os.path.realpath(farm), "__pycache__")
+        os.makedirs(cache, exist_ok=True)
+        top = os.path.join(farm, "__pycache__")
+        if os.path.islink(top):
+            os.unlink(top)
+        if not os.path.lexists(top):
+            os.symlink(cache, top)
+            run([python, "-m", "compileall", "-q", "-l", farm], "build-bytecode")
+    if mirrored:
+        # compileall writes whatever PYTHONDONTWRITEBYTECODE says (that governs imports);
+        # -j 0: every core; errors (a template that is not Python) leave that file
+        # uncompiled, which is what the target does too.
+        run(
+            [python, "-m", "compileall", "-q", "-j", "0"]
+            + [os.path.join(farm, name) for name in mirrored],
+            "build-bytecode",
+        )
+    return mirrored
 
 
 def link_tree(src, dst, rel, excluded):

@@ -291,6 +291,9 @@ class SearchResult:
     candidates: tuple[str, ...] = ()
     restored: Evidence | None = None
     interrupted: bool = False
+    # What a found culprit leaves open (others remain, reverting it falls short) and the
+    # states measured again after samples under load: said under the culprit lines.
+    notes: tuple[str, ...] = ()
 
     @property
     def samples(self) -> int:
@@ -487,6 +490,11 @@ class _Engine:
         self.threshold: float | None = settings.threshold
         self.left: int | None = None
         self.too_noisy = 0
+        # States whose bad verdict, taken under other processes' load, was measured again
+        # (once each), and what that said (notes of the result).
+        self._rechecked: set[State] = set()
+        self.recheck_notes: list[str] = []
+        self.found_notes: list[str] = []  # of the culprits found (``_found_message``)
         self.core: frozenset[str] = frozenset()
         # What is known so far, for an aborted search.
         self.candidates: frozenset[str] = self.all
@@ -787,6 +795,73 @@ class _Engine:
     def trial(self, state: State) -> Trial:
         return self.records[state].freeze()
 
+    def _load_varied(self) -> bool:
+        """Whether some samples of this run were taken without other processes' load: only
+        then is load a passing disturbance rather than the machine's steady state."""
+        return any(not f for r in self.order for f in r.contended)
+
+    def _mostly_loaded(self, rec: _Record) -> bool:
+        """Most of ``rec``'s samples were taken under other processes' load, while other
+        samples of the run were not (load varied: a busy moment, not the machine's state)."""
+        return (
+            not rec.failure
+            and rec.state not in self._rechecked
+            and 2 * sum(rec.contended) >= len(rec.samples) > 0
+            and self._load_varied()
+        )
+
+    def _recheck(self, state: State) -> bool:
+        """Measure ``state`` again when its bad verdict rests mostly on samples taken under
+        load (``_mostly_loaded``): a busy moment makes any state look slow. Once per state;
+        never an endpoint here (``_recheck_endpoints``). True when the verdict changed."""
+        rec = self.records.get(state)
+        if (
+            rec is None
+            or state in (State.of(()), State.of(self.all))
+            or rec.verdict is not Verdict.BAD
+            or not self._mostly_loaded(rec)
+        ):
+            return False
+        before = rec.verdict
+        after = self._measure_again(rec, "before relying on it")
+        if after is not before:
+            self.recheck_notes.append(
+                f"trial {rec.index} measured again: {after.value} at "
+                f"{_k(median(rec.samples)) if rec.samples else rec.failure}, not "
+                f"{before.value} as its samples under load said"
+            )
+        return after is not before
+
+    def _recheck_endpoints(self, good: _Record, bad: _Record) -> None:
+        """An endpoint measured mostly under load while the other was not is measured again
+        (the threshold comes from both): samples under load set aside, fresh ones taken."""
+        for rec in (good, bad):
+            if self._mostly_loaded(rec):
+                self._measure_again(rec, "since the threshold rests on it")
+                self.recheck_notes.append(
+                    f"the {'good' if rec is good else 'bad'} endpoint was measured again: its "
+                    f"first samples were taken under load; now {_k(median(rec.samples))}"
+                    if rec.samples
+                    else f"the endpoint of trial {rec.index} was measured again"
+                )
+
+    def _measure_again(self, rec: _Record, why: str) -> Verdict:
+        """Set ``rec``'s samples under load aside and measure it until judged again."""
+        self._rechecked.add(rec.state)
+        loaded = sum(rec.contended)
+        self._emit(
+            EventKind.PHASE,
+            f"trial {rec.index}: {loaded} of {len(rec.samples)} samples were taken while "
+            f"other processes loaded the machine: measuring it again {why}",
+        )
+        rec.samples = [x for x, f in zip(rec.samples, rec.contended, strict=True) if not f]
+        rec.contended = [False] * len(rec.samples)
+        self._call(rec, max(1, self.repeats - len(rec.samples)))
+        while not rec.failure and self._judge().needs_more(rec.samples, self.max_samples):
+            self._more(rec)
+        self._clear(rec)
+        return self._finish(rec)
+
     # -- endpoints -------------------------------------------------------------------------
 
     def endpoints(self) -> str | None:
@@ -799,6 +874,7 @@ class _Engine:
         )
         if good.untestable or bad.untestable:
             return self._unfaithful_endpoints(good, bad)
+        self._recheck_endpoints(good, bad)
         self._crash_regime(good, bad)
         if good.failure:
             return self._failed_good(good, bad)
@@ -1274,9 +1350,13 @@ class _Engine:
                     f"{amb.why}",
                     candidates=amb.candidates,
                 )
+            if self._recheck(State.of(core)):
+                continue  # its slowness was the machine's load: search again
             alone = Evidence.of(self.trial(State.of(())), self.trial(State.of(core)))
             remainder = bad - core
             v = self.measure(State.of(remainder), "confirm: without")
+            if v is Verdict.BAD and self._recheck(State.of(remainder)):
+                v = self.records[State.of(remainder)].verdict
             without = None
             if v is Verdict.GOOD:
                 without = Evidence.of(self.trial(State.of(remainder)), self.trial(State.of(bad)))
@@ -1296,10 +1376,10 @@ class _Engine:
             if not self.find_all:
                 failure = self.records[State.of(remainder)].failure
                 notes.append(
-                    f"everything but it fails too ({failure}): search with find_all to isolate why"
+                    f"everything but it fails too ({failure}): --find-all isolates why"
                     if failure
                     else "reverting it alone does not restore speed: other changes slow it "
-                    "down too (search with find_all to isolate them)"
+                    "down too (--find-all isolates them)"
                 )
                 break
             bad = remainder
@@ -1320,13 +1400,14 @@ class _Engine:
         return [
             f"reverting it brings back {_k(median(got.samples))}, not the good state's "
             f"{_k(median(good.samples))}: smaller slowdowns stay above the threshold "
-            "(a higher threshold and find_all would isolate them)"
+            "(a higher threshold and --find-all would isolate them)"
         ]
 
     def _found_message(self, notes: list[str]) -> str:
         names = "; ".join(" + ".join(c.units) for c in self.culprits)
         msg = f"culprit: {names}" if len(self.culprits) == 1 else f"culprits: {names}"
-        return "; ".join([msg, *notes])
+        self.found_notes = list(notes)
+        return "; ".join([msg, *notes, *self.recheck_notes])
 
     def _result(
         self,
@@ -1348,6 +1429,7 @@ class _Engine:
             candidates=tuple(self._sorted(candidates)),
             restored=restored,
             interrupted=interrupted,
+            notes=(*self.found_notes, *self.recheck_notes),
         )
 
     def aborted(self, why: str, *, interrupted: bool) -> SearchResult:

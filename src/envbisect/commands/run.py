@@ -62,7 +62,13 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     default=None,
     help="Samples per state to start with (default: repeats: in envbisect.yaml, else 3).",
 )
-@click.option("--max-trials", type=int, default=None, help="Budget of distinct states.")
+@click.option(
+    "--max-trials",
+    type=int,
+    default=None,
+    help="Budget of distinct states, the steps below a culprit included (commits, hunks, "
+    "torch stack components, releases).",
+)
 @timeout_option
 @click.option(
     "--on-crash",
@@ -78,6 +84,25 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     show_default=True,
     help="When the bad state is not slow, run it up to N times looking for an intermittent "
     "crash before calling it not reproduced (a crash that strikes 1 run in 8 needs ~24).",
+)
+@click.option(
+    "--cpu-threads",
+    default="auto",
+    show_default=True,
+    callback=lambda _c, _p, v: _cpu_threads(v),
+    help="OMP_NUM_THREADS and MKL_NUM_THREADS for every trial of your command: a number; "
+    "'auto' sets them to the free cores when other processes keep some busy at the start "
+    "(a CPU job with a thread per core collapses when one core is busy), and only on a "
+    "machine without GPUs; 'off' leaves your environment's. Never where the states "
+    "themselves differ in those variables. The built-in smoke test sizes its own.",
+)
+@click.option(
+    "--find-all",
+    is_flag=True,
+    help="Go on after the first cause while reverting it does not restore speed: name every "
+    "change that brings the regression on its own (e.g. a cleared compile cache and a grown "
+    "dataset that each make training crash). Without it the run stops at the first cause "
+    "and says when others remain.",
 )
 @session_option
 @click.option(
@@ -112,8 +137,14 @@ def command(**flags: Any) -> int:
 
     Each trial realizes an in-between state in a sandbox (uv venv, git worktree, journaled
     file swap, per-trial env and compile caches), runs the smoke command (after --; default
-    the built-in drafter smoke test) and reads its tok/s. Exit 0 culprit found, 1 no single
-    culprit, 2 bad input, 130 interrupted (resume with --resume; clean up with reset).
+    the built-in drafter smoke test) and reads its tok/s. Before the first trial, every
+    package version either endpoint needs is looked up in the sources envbisect.yaml names
+    (indexes, find_links, index_strategy, offline, pins): what is missing is listed in one
+    message (exit 2). Below a culprit it goes on: a repo to its first bad commit and hunk;
+    a guilty torch stack to its component (torch itself, triton, the CUDA wheels, ...);
+    one guilty package to its first bad release among those the sources hold. Exit 0
+    culprit found, 1 no single culprit, 2 bad input, 130 interrupted (resume with
+    --resume; clean up with reset).
     """
     from envbisect import report
     from envbisect.agent.redact import redact_text
@@ -196,6 +227,8 @@ class RunFlags:
     timeout_s: float
     on_crash: str
     crash_runs: int
+    find_all: bool
+    cpu_threads: str
     session_dir: str | None
     resume: bool
     fresh: bool
@@ -257,6 +290,8 @@ class RunFlags:
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
+            find_all=self.find_all,
+            cpu_threads=self.cpu_threads,
             trust=tuple(Path(p).absolute() for p in self.trust),
         )
 
@@ -362,3 +397,11 @@ def _write_outputs(result: RunResult, json_path: str | None, report_path: str | 
         atomic_write_text(Path(json_path), report.render_json(result))
     if report_path:
         atomic_write_text(Path(report_path), terminal(report.render_markdown(result)))
+
+
+def _cpu_threads(value: str) -> str:
+    """``--cpu-threads``: auto, off or a positive number of threads."""
+    word = value.strip().lower()
+    if word in ("auto", "off") or (word.isdigit() and int(word) > 0):
+        return word
+    raise click.BadParameter(f"{value!r}: expected auto, off or a number of threads ≥ 1")

@@ -139,7 +139,9 @@ class PackagesRealizer:
             installs[name] = entry.requirement(name)
             if have is not None:
                 hides.add(name)
-        if not installs and not hides:
+        if not installs and not hides and not target.no_bytecode:
+            # The target itself fits. (Without bytecode it gets an empty overlay: its
+            # farm carries the bytecode the target lacks, see add_bytecode.)
             return None, None
         for hidden in sorted(hides):
             if target.dists[hidden].get("files") is None:
@@ -147,12 +149,11 @@ class PackagesRealizer:
                     f"cannot replace or remove {hidden} in {target.python}: "
                     "its installed files are not listed (no RECORD)"
                 )
-        index_url, extra, links = ctx.index
         spec = {
             "python": target.python,
             "install": installs,
             "hide": sorted(hides),
-            "index": [index_url, list(extra), list(links)],
+            "sources": ctx.sources.as_dict(),
         }
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
         return VenvSpec(

@@ -6,6 +6,7 @@ this module never imports torch.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ class SmokeOutcome:
     """The drafter's result dict and what it means for the exit code."""
 
     result: dict[str, Any]
-    log_dir: Path
+    log_dir: Path | None  # None: a temporary log dir, removed since the run went well
 
     @property
     def status(self) -> SmokeStatus:
@@ -76,6 +77,7 @@ def run_smoke(
     A result that failed on its parameters (unknown preset, unreadable ``--data``) is a user
     mistake and raises SmokeError; any other failure is a measured result with ok=false.
     """
+    temporary = log_dir is None
     if log_dir is None:
         log_dir = Path(tempfile.mkdtemp(prefix="envbisect-smoke-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -89,6 +91,10 @@ def run_smoke(
         raise SmokeError(f"smoke parameters rejected by {python}: {error.get('message')}")
     if "ok" not in result:
         raise SmokeError(f"smoke result from {python} has no 'ok' field; log: {log_dir}")
+    if temporary and result.get("ok"):
+        # Logs of a run that went well are not kept unless asked for (--log-dir).
+        shutil.rmtree(log_dir, ignore_errors=True)
+        return SmokeOutcome(result=result, log_dir=None)
     return SmokeOutcome(result=result, log_dir=log_dir)
 
 
@@ -162,5 +168,6 @@ def summary_lines(outcome: SmokeOutcome) -> list[str]:
         died_at_once = err and not t.get("steps_done")
         path = "" if died_at_once else f"; attention {t['path']}"
         lines.append(f"  drafter {t['index']}: {state}{path}")
-    lines.append(f"  logs: {outcome.log_dir}")
+    if outcome.log_dir is not None:
+        lines.append(f"  logs: {outcome.log_dir}")
     return lines
