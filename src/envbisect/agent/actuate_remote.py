@@ -748,7 +748,7 @@ def op_cleanup(params):
             pass
     dirs = []
     if params.get("all"):
-        for name in ("venvs", "worktrees", "caches", "trials"):
+        for name in ("venvs", "bytecode", "worktrees", "caches", "trials"):
             path = os.path.join(root, name)
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
