@@ -7,6 +7,8 @@ message and stops with exit 2 before anything is measured. The versions are thos
 changed packages in either endpoint's state (the units the run may bisect); a version the
 target already has installed needs no source (the overlay links it), and a local direct URL
 or editable install is checked on disk. Others (the release search) add their own ``Need``s.
+On a remote target the sources are the target's (its paths, network and uv cache): its own
+uv resolves each version (``uv pip compile --no-deps``), all in one agent call.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
     restore   put back every journaled swap (idempotent; after every trial and on exit)
     drop      remove a finished trial's cache dirs
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
+    available which package versions the target's uv cannot resolve (run's pre-check)
 
 Local targets run the same code in the host process (``bisect.execute.LocalExecutor``):
 ``inspect``, ``op_venv`` with a ``run`` hook that logs uv through the host's transport, and
