@@ -66,3 +66,21 @@ def test_every_missing_version_is_one_line_and_exit_2_before_any_trial(tmp_path:
     assert "ebpriv" not in line and "ebonly" not in line  # installed / in find-links
     assert not (session / "trials").exists() or not list((session / "trials").iterdir())
     assert "trial 1" not in proc.stderr
+
+
+def test_a_bad_sources_field_is_one_line_naming_the_file_and_field_exit_2(tmp_path: Path) -> None:
+    config = tmp_path / "envbisect.yaml"
+    config.write_text("indexes: [file:///a/simple]\nindex_strategy: first-match\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("schema: envbisect/manifest@1\nmeta: {label: good}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "run", "--config", str(config), "--good", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"envbisect: error: {config}: field 'index_strategy' must be first-index or "
+        "unsafe-first-match or unsafe-best-match, got 'first-match'"
+    ]

@@ -125,6 +125,33 @@ def test_package_culprit_is_found_in_a_venv_built_on_the_target(
     assert sc.fingerprint() == before
 
 
+def test_versions_the_target_cannot_get_are_one_message_before_any_trial(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    """The pre-check asks the target's own uv (its paths, its network, its cache)."""
+    from envbisect.sources import SourcesMissing
+
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==2.0")
+    git = sc.git_entry(sc.commits[0])
+    sc.write(
+        good={"packages": {"ebwork": pkg("0.5"), "ebonly": pkg("1.0")}, "git": git},
+        bad={"packages": {"ebwork": pkg("2.0"), "ebextra": pkg("9.9")}, "git": git},
+        loose_good=b"lr = 0.1\n",
+        loose_bad=b"lr = 0.1\n",
+    )
+    with pytest.raises(SourcesMissing) as info:
+        _run(sc, sshd_server, smoke=("python", str(sc.repo / "train.py")))
+    line = str(info.value)
+    assert line.startswith(f"{sc.config}: 2 package versions the run needs are not available")
+    assert "ebextra==9.9, ebwork==0.5 (looked at: " in line and "by uv on the target" in line
+    assert "ebonly" not in line and "\n" not in line  # ebonly 1.0 is in find-links
+    assert not (sc.tmp / "session" / "trials").exists() or not list(
+        (sc.tmp / "session" / "trials").iterdir()
+    )
+
+
 def test_file_culprit_is_swapped_on_the_target_and_restored(
     tmp_path: Path,
     sshd_server: SshServer,  # noqa: F811 - the fixture imported above

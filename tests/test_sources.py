@@ -374,3 +374,6 @@ def test_the_target_state_itself_runs_in_an_empty_overlay_when_the_target_lacks_
             verbose.stderr
         )
     assert tree_hashes(target) == before
+    assert (tmp_path / "session" / "bytecode").is_dir()
+    act.session.reset()  # `envbisect reset` removes the store with the venvs
+    assert not (tmp_path / "session" / "bytecode").exists()

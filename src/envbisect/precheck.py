@@ -7,18 +7,32 @@ message and stops with exit 2 before anything is measured. The versions are thos
 changed packages in either endpoint's state (the units the run may bisect); a version the
 target already has installed needs no source (the overlay links it), and a local direct URL
 or editable install is checked on disk. Others (the release search) add their own ``Need``s.
+On a remote target the sources are the target's (its paths, network and uv cache): its own
+uv resolves each version (``uv pip compile --no-deps``), all in one agent call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
 from envbisect.manifest import Manifest
 from envbisect.sections.packages import PackageEntry
-from envbisect.sources import Need, Sources, SourcesMissing, missing_message, missing_needs
+from envbisect.sources import (
+    Need,
+    Sources,
+    SourcesMissing,
+    missing_message,
+    missing_needs,
+    same_version,
+    uv_args,
+)
+
+# A remote target's own uv, asked once for a batch: [[requirement, uv options], ...] →
+# [[requirement, uv's last line], ...] for those it cannot resolve (agent op "available").
+AskTarget = Callable[[list[list[Any]]], list[list[str]]]
 
 
 def package_needs(
@@ -57,5 +71,33 @@ def check_sources(
     if not needs:
         return
     missing = missing_needs(needs, sources, installed=installed, uv=uv, python=python)
+    if missing:
+        raise SourcesMissing(missing_message(missing, config_path))
+
+
+def check_sources_on_target(
+    needs: Sequence[Need],
+    sources: Sources,
+    *,
+    installed: dict[str, str],
+    ask: AskTarget,
+    config_path: Any = None,
+) -> None:
+    """The same check for a remote target: its sources' paths, network and uv cache are its
+    own, so its uv resolves each version (one agent call for all of them)."""
+    todo = [
+        n
+        for n in needs
+        if not (n.version is not None and same_version(installed.get(n.name), n.version))
+    ]
+    if not todo:
+        return
+    by_requirement = {n.requirement: n for n in todo}
+    answer = ask([[n.requirement, uv_args(sources, n.name)] for n in todo])
+    missing = [
+        (by_requirement[req], f"{sources.describe(by_requirement[req].name)}, by uv on the target")
+        for req, _why in answer
+        if req in by_requirement
+    ]
     if missing:
         raise SourcesMissing(missing_message(missing, config_path))

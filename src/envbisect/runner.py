@@ -1250,16 +1250,32 @@ def _check_sources(
 ) -> None:
     """SourcesMissing before the first trial when a package version either endpoint's state
     needs is in none of the configured sources (``envbisect.precheck``)."""
-    from envbisect.precheck import check_sources, package_needs
+    from envbisect.precheck import check_sources, check_sources_on_target, package_needs
 
     needs = package_needs(actuator.good, actuator.bad, diff.units, blocked)
     if not needs:
         return
-    if actuator.remote:
-        # The sources' paths are the target's; this host cannot read them.
-        progress("note: package sources not checked up front (the target is remote)")
-        return
     target = actuator.target()
+    installed = {name: str(d.get("version")) for name, d in target.dists.items()}
+    if actuator.remote:
+        # The sources' paths, network and uv cache are the target's: its uv is asked.
+        far_uv = target.uv
+        if far_uv is None:
+            return  # said by the first state that needs a venv
+        log = actuator.session.root / "remote"
+
+        def ask(batch: list[list[Any]]) -> list[list[str]]:
+            params = {"uv": list(far_uv), "python": target.python, "needs": batch}
+            return list(actuator.agent("available", params, log, "sources")["missing"])
+
+        check_sources_on_target(
+            needs,
+            actuator.package_sources(),
+            installed=installed,
+            ask=ask,
+            config_path=getattr(options.config, "path", None),
+        )
+        return
     try:
         uv: str | None = actuator.uv_path()
     except ActuationError:
@@ -1267,7 +1283,7 @@ def _check_sources(
     check_sources(
         needs,
         actuator.package_sources(),
-        installed={name: str(d.get("version")) for name, d in target.dists.items()},
+        installed=installed,
         python=target.version,
         uv=uv,
         config_path=getattr(options.config, "path", None),

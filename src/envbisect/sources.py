@@ -590,7 +590,7 @@ def missing_needs(
     out: list[tuple[Need, str]] = []
     for need in needs:
         name = canonicalize_name(need.name)
-        if need.version is not None and _same_version(installed.get(name), need.version):
+        if need.version is not None and same_version(installed.get(name), need.version):
             continue
         if need.direct:
             path = need.local_path
@@ -616,7 +616,7 @@ def _with_python(sources: Sources, python: str) -> Sources:
     return replace(sources, target_python=".".join(parts[:2]))
 
 
-def _same_version(have: str | None, want: str) -> bool:
+def same_version(have: str | None, want: str) -> bool:
     if have is None:
         return False
     try:

@@ -16,6 +16,7 @@ remote session directory ``root`` (``<$HOME or /tmp>/.envbisect/session-<id>``):
     restore   put back every journaled swap (idempotent; after every trial and on exit)
     drop      remove a finished trial's cache dirs
     cleanup   restore, remove the worktrees; with ``all`` also the venvs and cache copies
+    available which package versions the target's uv cannot resolve (run's pre-check)
 
 Local targets run the same code in the host process (``bisect.execute.LocalExecutor``):
 ``inspect``, ``op_venv`` with a ``run`` hook that logs uv through the host's transport, and
@@ -748,7 +749,7 @@ def op_cleanup(params):
             pass
     dirs = []
     if params.get("all"):
-        for name in ("venvs", "worktrees", "caches", "trials"):
+        for name in ("venvs", "bytecode", "worktrees", "caches", "trials"):
             path = os.path.join(root, name)
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
@@ -756,7 +757,33 @@ def op_cleanup(params):
     return {"restored": restored, "kept": kept, "worktrees": removed, "removed": dirs}
 
 
+def op_available(params):
+    """Which of ``needs`` (``[requirement, uv options]`` pairs) uv on this machine cannot
+    resolve for ``python`` (``uv pip compile --no-deps``, the target's own view of the
+    package sources: its paths, its network, its uv cache); each with uv's last line."""
+    missing = []
+    for requirement, source_args in params.get("needs") or ():
+        argv = list(params["uv"]) + ["pip", "compile", "-q", "--no-header", "--no-deps", "-"]
+        argv += ["--python", params["python"]] + list(source_args)
+        try:
+            proc = subprocess.run(
+                argv,
+                input=requirement + "\n",
+                capture_output=True,
+                text=True,
+                timeout=params.get("timeout_s", 120),
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            missing.append([requirement, str(exc)])
+            continue
+        if proc.returncode != 0:
+            missing.append([requirement, _tail(proc.stderr)])
+    return {"missing": missing}
+
+
 _OPS = {
+    "available": op_available,
     "probe": op_probe,
     "inspect": op_inspect,
     "venv": op_venv,

@@ -7,6 +7,8 @@ Layout of a session directory (default ``.envbisect/session/``)::
     backups/N        the original bytes of swap N
     trials/NNN/      full stdout/stderr (and result files) of every run of trial NNN
     venvs/<hash>/    one uv venv per distinct package set
+    bytecode/...     .pyc files of target packages installed without them, shared by the
+                     venvs (a mirror of the real source directories' paths)
     worktrees/...    git worktrees at the commits the trials needed
     caches/...       copies of warm compile caches
     lock             pid of the envbisect process using the session
@@ -435,7 +437,7 @@ class Session:
         # Trials' cache dirs too: a run killed mid-trial never removed its copy.
         trial_caches = sorted(self.root.glob("trials/*/caches"))
         for path in [
-            *(self.root / n for n in ("venvs", "worktrees", "caches", "sandbox")),
+            *(self.root / n for n in ("venvs", "bytecode", "worktrees", "caches", "sandbox")),
             *trial_caches,
         ]:
             if path.exists():
