@@ -204,6 +204,8 @@ def bisect(work: Path, config: Path, env: dict[str, str], args: argparse.Namespa
     argv += ["--timeout", str(args.timeout), "--json", str(out_json), "--report", str(report)]
     if args.repeats:
         argv += ["--repeats", str(args.repeats)]
+    if args.until:
+        argv += ["--until", args.until]
     argv += ["--", "python", str(WORKLOAD), "--steps", str(args.steps)]
     print("$ " + " ".join(argv[2:]), file=sys.stderr)
     run_env = {**env, **BAD_ENV}
@@ -265,6 +267,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=None, help="envbisect run --repeats")
     ap.add_argument("--timeout", type=float, default=400.0, help="seconds per workload run")
     ap.add_argument("--label", default="", help="a name for this run in the JSON")
+    ap.add_argument("--until", help="envbisect run --until (e.g. 70%%: of the good state's speed)")
     ap.add_argument(
         "--uv-strategy-env",
         action="store_true",
