@@ -24,12 +24,18 @@ Stdlib + torch only; runs in any venv that has torch.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
-import torch
-import torch.nn.functional as F
-from torch.fx.experimental.proxy_tensor import make_fx
+# One OpenMP thread unless the caller says otherwise, set before torch loads: with more, the
+# compiled kernels' OpenMP workers spin on this 2-core box against the tracing thread and
+# the compiled step's speed swings by 10x with other processes' load.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402 - after OMP_NUM_THREADS, which torch reads when it loads
+import torch.nn.functional as F  # noqa: E402
+from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 # Counts calls of the forward that ran as Python (eager). Inside dynamo's graph
 # `is_compiling()` is True at trace time, so the compiled step never counts.
@@ -65,7 +71,13 @@ class TinyLM(torch.nn.Module):
 
 
 def mask_fn(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """What the tracing thread traces: a causal block-mask-like function."""
+    """What the tracing thread traces: a causal block-mask-like function.
+
+    The sleep runs while the trace is on (the flag is up) with the GIL released, like a
+    drafter thread waiting on I/O mid-trace: the flag is up most of the time, yet the
+    trainer is not starved of the GIL, so the two releases differ by the flag alone.
+    """
+    time.sleep(0.01)
     causal = q[:, None] >= k[None, :]
     window = (q[:, None] - k[None, :]) < 64
     return (causal & window).float().cumsum(-1)
