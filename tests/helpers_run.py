@@ -1,7 +1,8 @@
 """Builders for run/check tests: tiny real wheels, a real git repo, manifests, a workload.
 
 The workload (``WORKLOAD``) does real arithmetic per "token"; how much depends on the state:
-the installed version of the ``ebwork`` package (``ebwork.WORK``), the env var
+the installed version of the ``ebwork`` package (``ebwork.WORK``; ``$EB_WORK_MODULES``
+names other modules whose ``WORK`` multiplies it), the env var
 ``EB_SLOW``, and the file ``knob.txt`` next to the script. It prints ``N tok/s`` and an
 ``ENVBISECT_RESULT`` line, so both metric paths are exercised.
 """
@@ -27,11 +28,13 @@ SLOWDOWN = 8  # work factor of a "slow" change; thresholds sit between 1x and th
 
 WORKLOAD = r"""
 import json, os, sys, time
-try:
-    import ebwork
-    work = ebwork.WORK
-except ImportError:
-    work = 1
+work = 1
+for name in os.environ.get("EB_WORK_MODULES", "ebwork").split(","):
+    try:
+        work *= __import__(name).WORK
+    except ModuleNotFoundError as exc:
+        if exc.name != name:  # absent is fine; a module that fails to import is a crash
+            raise
 here = os.path.dirname(os.path.abspath(__file__))
 knob = os.path.join(here, "knob.txt")
 if os.path.exists(knob):
@@ -55,19 +58,31 @@ print("ENVBISECT_RESULT " + json.dumps({"ok": True, "tok_per_s": rate}))
 """
 
 
-def build_wheel(dest: Path, name: str, version: str, body: str, *, package: bool = False) -> Path:
-    """A real, installable pure-Python wheel with one module ``<name>.py`` (``package``:
-    a package ``<name>/__init__.py`` with a submodule ``<name>/sub/more.py``)."""
+def build_wheel(
+    dest: Path,
+    name: str,
+    version: str,
+    body: str,
+    requires: tuple[str, ...] = (),
+    *,
+    package: bool = False,
+) -> Path:
+    """A real, installable pure-Python wheel with one module ``<name>.py`` (``-`` in the
+    name becomes ``_``; ``package``: a package ``<name>/__init__.py`` with a submodule
+    ``<name>/sub/more.py``), with ``requires`` as its ``Requires-Dist`` lines."""
     dest.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}.dist-info"
+    module = name.replace("-", "_")
+    dist = f"{module}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Requires-Dist: {r}\n" for r in requires)
     modules = (
-        {f"{name}/__init__.py": body.encode(), f"{name}/sub/more.py": b"MORE = 1\n"}
+        {f"{module}/__init__.py": body.encode(), f"{module}/sub/more.py": b"MORE = 1\n"}
         if package
-        else {f"{name}.py": body.encode()}
+        else {f"{module}.py": body.encode()}
     )
     files = {
         **modules,
-        f"{dist}/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n").encode(),
+        f"{dist}/METADATA": metadata.encode(),
         f"{dist}/WHEEL": (
             b"Wheel-Version: 1.0\nGenerator: envbisect-tests\nRoot-Is-Purelib: true\n"
             b"Tag: py3-none-any\n"
@@ -79,7 +94,7 @@ def build_wheel(dest: Path, name: str, version: str, body: str, *, package: bool
         record_lines.append(f"{path},sha256={digest},{len(data)}")
     record_lines.append(f"{dist}/RECORD,,")
     files[f"{dist}/RECORD"] = ("\n".join(record_lines) + "\n").encode()
-    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    wheel = dest / f"{module}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, data in files.items():
             zf.writestr(path, data)

@@ -155,7 +155,11 @@ def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path:
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == ["packages:ebwork"]
     assert doc["culprits"][0]["changes"] == [{"key": "ebwork", "old": "1.0", "new": "3.0"}]
-    assert len(doc["trials"]) <= _max_trials(3)  # ebwork, ebonly, the loose file
+    releases = [t for t in doc["trials"] if t["purpose"] == "narrow: releases of ebwork"]
+    assert len(doc["trials"]) - len(releases) <= _max_trials(3)  # ebwork, ebonly, loose file
+    # Then ebwork's one release in between (2.0, as fast as 1.0): ⌈log2 1⌉ + 1 trial at most.
+    assert len(releases) <= 1
+    assert doc["culprits"][0]["within"]["release"]["first_bad"] == "3.0"
     assert sc.fingerprint() == before
 
 

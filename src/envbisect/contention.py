@@ -13,6 +13,7 @@ Public API:
 - ``Window.start()`` / ``Window.finish()``: the reading of one trial's run.
 - ``probe(seconds)``: a short look at the machine, with the other processes named (the
   warning a run gives once at its start: ``busy_warning``).
+- ``free_cores(reading)``: the cores a CPU job may use without waiting on a busy one.
 """
 
 from __future__ import annotations
@@ -270,3 +271,10 @@ def busy_warning(reading: Contention) -> str | None:
     if reading.gpu_others:
         noisy.append("GPU")
     return f"{reading.describe()}: {' and '.join(noisy)} throughput will be noisy"
+
+
+def free_cores(reading: Contention) -> int:
+    """The cores left once other processes' load is taken out (at least one): as many
+    threads as a CPU job should start so that no OpenMP barrier waits on a busy core."""
+    others = reading.others_cores or 0.0
+    return max(1, reading.cores - round(others))

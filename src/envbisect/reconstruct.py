@@ -150,7 +150,7 @@ def uv_resolver(config: Config) -> Resolver:
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
             raise ReconstructError(f"uv pip compile: {last.strip()}")
-        return _pins(proc.stdout)
+        return compiled_pins(proc.stdout)
 
     return resolve
 
@@ -168,7 +168,8 @@ def _pin_constraints(config: Config) -> list[str]:
     return [f"{name}{pin.specifier}" for name, pin in sorted(pins.items()) if pin.specifier]
 
 
-def _pins(text: str) -> dict[str, str]:
+def compiled_pins(text: str) -> dict[str, str]:
+    """``uv pip compile`` output → normalised name → pinned version."""
     from packaging.utils import canonicalize_name
 
     out: dict[str, str] = {}

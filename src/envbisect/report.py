@@ -64,7 +64,11 @@ def _applied(applied: Sequence[str], legend: Mapping[str, int] | None = None) ->
 def _unit(applied: str) -> str:
     """``git:/r@3`` → ``git:/r`` (the position of an ordered unit is not part of its id)."""
     head, sep, tail = applied.rpartition("@")
-    return head if sep and tail.isdigit() else applied
+    if sep and tail.isdigit():
+        return head
+    # ``torch-stack[triton]``: a package unit in a state of the package step (pkgrun)
+    head, sep, tail = applied.partition("[")
+    return head if sep and tail.endswith("]") and ":" not in tail else applied
 
 
 def _at(applied: str) -> str:
@@ -205,7 +209,10 @@ def hunk_section(h: HunkCulprit) -> list[str]:
 def summary_lines(result: RunResult) -> list[str]:
     """The end of ``run``'s output: culprit sentence(s) or why there is none."""
     if result.culprits:
-        lines = [culprit_sentence(c, c.good_median, c.bad_median) for c in result.culprits]
+        lines = []
+        for c in result.culprits:
+            lines.append(culprit_sentence(c, c.good_median, c.bad_median))
+            lines += [f"  {line}" for line in (c.within.lines() if c.within else ())]
         causes = {frozenset((c.unit.id, *c.together_with)) for c in result.culprits}
         if len(causes) > 1:
             lines.append(
@@ -366,6 +373,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "why": list(c.why),
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
+                "within": c.within.as_dict() if c.within is not None else None,
             }
             for c in result.culprits
         ],
@@ -400,23 +408,32 @@ _PURPOSE = {
 }
 
 
-def explain_trial(r: TrialRow, culprits: set[str]) -> str:
-    """One evidence line: what the trial was, what it measured, what that means."""
+def _purpose(r: TrialRow) -> str:
+    """What a trial was for, in words."""
     if r.purpose in _PURPOSE:
-        what = _PURPOSE[r.purpose]
-    elif r.purpose.startswith("narrow: hunks of "):
-        what = f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
-    elif r.purpose.startswith("narrow: files:"):
-        what = (
+        return _PURPOSE[r.purpose]
+    if r.purpose == "narrow: torch stack":
+        return "some components of the torch stack as in the bad state, the rest as in the good"
+    if r.purpose.startswith("narrow: releases of "):
+        return f"a release of {r.purpose.rsplit(' ', 1)[1]} between the two versions"
+    if r.purpose.startswith("narrow: hunks of "):
+        return f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
+    if r.purpose.startswith("narrow: files:"):
+        return (
             f"bisecting {r.purpose.split(': ', 1)[1]} over its versions (each commit that "
             "touched it, then the uncommitted edit)"
         )
-    elif r.purpose.startswith("narrow: "):
-        what = f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
-    else:
-        what = r.purpose or "a state"
+    if r.purpose.startswith("narrow: "):
+        return f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
+    return r.purpose or "a state"
+
+
+def explain_trial(r: TrialRow, culprits: set[str]) -> str:
+    """One evidence line: what the trial was, what it measured, what that means."""
+    what = _purpose(r)
     applied = {_unit(a) for a in r.applied}
-    if culprits and r.applied:
+    below = r.purpose.startswith(("narrow: torch stack", "narrow: releases of "))
+    if culprits and r.applied and not below:  # below a culprit: part of it, said by `what`
         what += "; with the culprit" if culprits & applied else "; without the culprit"
     if r.failure and r.verdict == "unresolved":
         meaning = f"unresolved: {r.failure}, so it counts neither way"
@@ -460,7 +477,10 @@ def render_markdown(result: RunResult) -> str:
     from envbisect.render import render_markdown as diff_markdown
 
     lines = ["## envbisect run", ""]
-    lines += [f"**{line}**" for line in summary_lines(result)]
+    lines += [
+        f"- {line.strip()}" if line.startswith("  ") else f"**{line}**"
+        for line in summary_lines(result)
+    ]
     lines += [
         "",
         machine_line(result),

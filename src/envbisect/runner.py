@@ -78,6 +78,8 @@ from envbisect.sources import Sources, uv_args
 from envbisect.transport import Layer, LayerKind, Transport
 
 if TYPE_CHECKING:
+    from envbisect.bisect.hunkrun import HunkTrial
+    from envbisect.bisect.pkgrun import PackageFinding, Releases, Resolve
     from envbisect.bisect.slurm import Allocations
     from envbisect.bisect.workers import Worker, WorkerPool
     from envbisect.config import Config
@@ -454,6 +456,9 @@ class RunOptions:
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     find_all: bool = False  # go on after the first cause while reverting it is not enough
+    # OMP_NUM_THREADS of a user's command's trials: "auto" (the free cores when the machine
+    # is busy at the start), "off" (as the environment has it), or a number.
+    cpu_threads: str = "auto"
     config: Config | None = None
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
@@ -596,6 +601,8 @@ class Culprit:
     good_trial: int | None = None  # the trial numbers of the evidence
     bad_trial: int | None = None
     hunk: HunkCulprit | None = None  # a file in a repo: its first bad version and hunk
+    # A package unit: the torch stack's guilty component, the first bad release.
+    within: PackageFinding | None = None
     why: tuple[str, ...] = ()  # the facts that differ, good vs bad (envbisect.facts)
 
     def changes(self) -> list[dict[str, Any]]:
@@ -1168,6 +1175,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         _check_sources(options, actuator, diff, context.blocked, progress)
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
         hunk, hunk_rows = _hunk_step(result, context, tester)
+        within, within_rows = _package_step(result, context, tester)
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
         _abandon(
@@ -1185,6 +1193,7 @@ def run_bisect(options: RunOptions, progress: Progress = _quiet) -> RunResult:
         session.journal.restore()
         atexit.unregister(_quietly)
     out = _with_hunk(_result(result, context, tester.index_of), hunk, hunk_rows)
+    out = _with_within(out, within, within_rows)
     if tester.fill_notes:  # how warm was made, said once in the report and --json
         out = replace(out, notes=(*out.notes, *dict.fromkeys(tester.fill_notes)))
     if actuator.kept:  # files the user edited while the run went on: said again at the end
@@ -1359,35 +1368,110 @@ def _search(
     return result
 
 
-def _hunk_step(
-    result: SearchResult, context: _RunContext, tester: _TrialRunner
-) -> tuple[HunkCulprit | None, tuple[TrialRow, ...]]:
-    """A guilty file inside a repo, narrowed to its first bad version: which hunk of it
-    (``bisect.hunkrun``); its trials as rows, their verdicts logged as the engine's are."""
-    from envbisect.bisect.hunkrun import HunkSettings, find_hunk
+def _step_settings(result: SearchResult, context: _RunContext, tester: _TrialRunner) -> Any:
+    """How a step below the engine measures (``hunkrun.HunkSettings``): as the engine did,
+    within what is left of ``--max-trials``; None when nothing is left."""
+    from envbisect.bisect.hunkrun import HunkSettings
 
     o = context.options
     if o.max_trials is not None and len(tester.index_of) >= o.max_trials:
-        return None, ()
+        return None
     bad_end = result.trials[1] if len(result.trials) > 1 else None
-    settings = HunkSettings(
+    return HunkSettings(
         repeats=o.repeats,
         max_samples=o.max_samples,
         budget=None if o.max_trials is None else o.max_trials - len(tester.index_of),
         crash_is_bad=o.on_crash == "bad" and bad_end is not None and bool(bad_end.failure),
     )
 
+
+def _hunk_step(
+    result: SearchResult, context: _RunContext, tester: _TrialRunner
+) -> tuple[HunkCulprit | None, tuple[TrialRow, ...]]:
+    """A guilty file inside a repo, narrowed to its first bad version: which hunk of it
+    (``bisect.hunkrun``); its trials as rows, their verdicts logged as the engine's are."""
+    from envbisect.bisect.hunkrun import find_hunk
+
+    settings = _step_settings(result, context, tester)
+    if settings is None:
+        return None, ()
+
     def number(state: State) -> int:
         return tester.index_of.get(state_key(state.applied, state.positions), 0)
 
     hunk, trials = find_hunk(result, tester.actuator, tester, settings, tester.progress, number)
+    return hunk, _step_rows(trials, context, number)
+
+
+def _package_step(
+    result: SearchResult, context: _RunContext, tester: _TrialRunner
+) -> tuple[tuple[PackageFinding, ...], tuple[TrialRow, ...]]:
+    """Guilty torch stacks and packages: their component, then their first bad release
+    (``bisect.pkgrun``); the trials as rows, their verdicts logged as the engine's are."""
+    from envbisect.bisect.pkgrun import find_within
+
+    settings = _step_settings(result, context, tester)
+    if settings is None:
+        return (), ()
+
+    def number(state: State) -> int:
+        return tester.index_of.get(state_key(state.applied, state.positions), 0)
+
+    act = tester.actuator
+    releases, resolve = _releases(act), _resolver(act)
+    found = find_within(result, act, tester, settings, tester.progress, number, releases, resolve)
+    rows = tuple(
+        row for f in found for row in _step_rows(f.trials, context, number, dict(f.labels))
+    )
+    return found, rows
+
+
+def _releases(actuator: Actuator) -> Releases:
+    """The releases of a package that the run's package sources hold (final ones, with a
+    wheel that fits the target's python)."""
+    from envbisect.sources import available_versions
+
+    def releases(name: str) -> list[Any]:
+        sources = replace(actuator.package_sources(), target_python=actuator.target().version)
+        return available_versions(name, sources)
+
+    return releases
+
+
+def _resolver(actuator: Actuator) -> Resolve | None:
+    """What a release of torch pins, resolved by uv against the run's package sources for
+    the target's python (None: no uv here)."""
+    from envbisect.bisect.pkgrun import uv_resolver
+    from envbisect.sources import uv_args
+
+    try:
+        uv = actuator.uv_path()
+    except EnvBisectError:
+        return None
+    return uv_resolver(uv, uv_args(actuator.package_sources()), actuator.target().version)
+
+
+def _step_rows(
+    trials: Sequence[HunkTrial],
+    context: _RunContext,
+    number: Callable[[State], int],
+    labels: Mapping[State, str] | None = None,
+) -> tuple[TrialRow, ...]:
+    """The trials of a step below the engine as rows (``labels``: what a state's position
+    stands for, shown instead of it); their verdicts logged."""
     rows = []
     for t in trials:
         n = number(t.state)
+        applied = _applied_names(t.state.applied, t.state.positions)
+        if labels and t.state in labels:
+            at = dict(t.state.positions)
+            applied = tuple(
+                f"{u}[{labels[t.state]}]" if u in at else u for u in sorted(t.state.applied)
+            )
         rows.append(
             TrialRow(
                 index=n,
-                applied=_applied_names(t.state.applied, t.state.positions),
+                applied=applied,
                 samples=t.samples,
                 median=median(t.samples) if t.samples else None,
                 verdict=t.verdict.value,
@@ -1398,7 +1482,20 @@ def _hunk_step(
         context.session.append(
             {"type": "verdict", "index": n, "verdict": t.verdict.value, "median": rows[-1].median}
         )
-    return hunk, tuple(rows)
+    return tuple(rows)
+
+
+def _with_within(
+    out: RunResult, within: Sequence[PackageFinding], rows: tuple[TrialRow, ...]
+) -> RunResult:
+    """The run's result with the package step's trials and each finding on its culprit."""
+    if not within:
+        return out
+    by_unit = {f.unit: f for f in within}
+    culprits = tuple(
+        replace(c, within=by_unit[c.unit.id]) if c.unit.id in by_unit else c for c in out.culprits
+    )
+    return replace(out, culprits=culprits, trials=out.trials + rows)
 
 
 def _with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ...]) -> RunResult:
@@ -1448,6 +1545,54 @@ def _quietly(undo: Callable[[], Any]) -> None:
         undo()
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _cpu_threads(
+    options: RunOptions,
+    reading: contention.Contention | None,
+    diff: DiffResult,
+    bad: mf.Manifest,
+    actuator: Actuator,
+) -> str | None:
+    """Set OMP_NUM_THREADS for every trial of a user's command (the built-in smoke test
+    sizes its own threads): the number asked, or with ``auto`` the free cores when other
+    processes keep some busy at the start on a machine without GPUs. A CPU job with a thread
+    per core waits at every parallel op for the thread the kernel descheduled, collapsing
+    6-30x (benchmarks/RESULTS.md, issue 23). Decided once, the same for every state, and
+    said; never where a state sets a thread count itself. Returns the note, or None."""
+    want = options.cpu_threads
+    if want == "off" or options.smoke.builtin or options.transport.layers:
+        return None
+    moved = sorted(
+        {c.key for u in diff.units for c in u.changes if c.section == "env"} & set(THREAD_VARS)
+    )
+    if moved:
+        return (
+            f"trials keep the states' own {', '.join(moved)}; --cpu-threads is not applied"
+            if want != "auto"
+            else None
+        )
+    if want == "auto":
+        mine = [v for v in THREAD_VARS if v in os.environ]
+        gpus = (bad.section("gpu") or {}).get("devices")
+        if reading is None or mine or gpus or not reading.contended:
+            return None
+        n = contention.free_cores(reading)
+        if n >= reading.cores:
+            return None
+        why = (
+            f"{reading.cores - n} of {reading.cores} cores busy at the start: torch would "
+            "otherwise wait on a busy core at every parallel op; --cpu-threads N to choose, "
+            "--cpu-threads off to leave it"
+        )
+    else:
+        n = int(want)
+        why = "--cpu-threads"
+    actuator.base_env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(n))}
+    return f"every trial runs with OMP_NUM_THREADS={n} and MKL_NUM_THREADS={n} ({why})"
+
+
 @dataclass(frozen=True)
 class _RunContext:
     """What every RunResult of a run carries besides its outcome: the diff, the units that
@@ -1484,10 +1629,15 @@ class _RunContext:
                 progress(f"not bisected: {blocked[unit.id]}")
         for note in notes:
             progress(f"note: {note}")
-        busy = None if options.transport.layers else contention.busy_warning(contention.probe())
+        reading = None if options.transport.layers else contention.probe()
+        busy = None if reading is None else contention.busy_warning(reading)
         if busy is not None:  # said once; each trial's samples are flagged on their own
             progress(f"warning: {busy}")
             notes = (*notes, f"at the start: {busy}")
+        threads = _cpu_threads(options, reading, diff, bad, actuator)
+        if threads is not None:
+            progress(f"note: {threads}")
+            notes = (*notes, threads)
         return cls(diff, blocked, notes, session, options, bad_path, bad, actuator)
 
     def result(self, *, outcome: str, threshold: float | None, message: str) -> RunResult:

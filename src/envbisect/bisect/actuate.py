@@ -107,6 +107,7 @@ from envbisect.realize import (
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.sections.files import FileEntry
 from envbisect.sections.git import GitEntry, repo_of
+from envbisect.sections.packages import PackagesRealizer
 from envbisect.sources import Sources
 from envbisect.transport import Layer, Transport
 
@@ -246,6 +247,10 @@ class Actuator:
     _commit_variants: dict[str, list[tuple[int, dict[str, dict[str, Any]]]]] = field(
         default_factory=dict, repr=False
     )
+    # A package unit's states beyond all-or-nothing (the package step: a component of the
+    # torch stack, a release between the endpoints): {package key: its value}; the unit's
+    # other changes keep the good state's values.
+    _package_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     @property
     def remote(self) -> bool:
@@ -522,7 +527,9 @@ class Actuator:
                         continue  # never bisected: the variable stays as the environment has it
                     source = self.bad  # never bisected: stays as the target is
                 value = source.section(change.section).get(key)
-                if on and change.section == "git" and unit.id in positions:
+                if on and unit.id in positions and unit.id in self._package_variants:
+                    source, value = self._package_value(unit.id, positions[unit.id], key)
+                elif on and change.section == "git" and unit.id in positions:
                     value = self._at_position(unit.id, positions[unit.id], value)
                 elif on and change.section == "files" and unit.id in positions:
                     value = self._variant(unit.id, positions[unit.id], value)
@@ -560,6 +567,36 @@ class Actuator:
         if (base, files) not in variants:
             variants.append((base, files))
         return len(commits) + variants.index((base, files))
+
+    def add_package_variant(self, unit_id: str, values: Mapping[str, Any]) -> int:
+        """Register a state of package unit ``unit_id`` (a plain package or the torch
+        stack): the packages in ``values`` (key → a ``packages:`` value, None: absent) as
+        given, the unit's other changes as in the good state; the position that stands for
+        it (the same for the same values)."""
+        variants = self._package_variants.setdefault(unit_id, [])
+        wanted = dict(sorted(values.items()))
+        if wanted not in variants:
+            variants.append(wanted)
+        return variants.index(wanted)
+
+    def _package_value(self, unit_id: str, pos: int, key: str) -> tuple[Manifest, Any]:
+        """(source, value) of change ``key`` of package unit ``unit_id`` at ``pos``."""
+        variant = self._package_variants[unit_id][pos]
+        if key in variant:
+            return self.bad, variant[key]
+        return self.good, self.good.section("packages").get(key)
+
+    def venv_of(self, applied: frozenset[str], positions: Mapping[str, int]) -> Path | None:
+        """Where the overlay venv of a state is (None: the state needs none, or the target is
+        remote); built once the state has been realized."""
+        if self.remote:
+            return None
+        env = dict(self.base_env if self.base_env is not None else os.environ)
+        sandbox = self._sandbox(self.session.root / "trials" / "preview", env)
+        values = self._values(applied, positions)
+        wanted = {key: v for (section, key), (_src, v) in values.items() if section == "packages"}
+        spec, _failure = PackagesRealizer.venv(self._context(), sandbox, wanted)
+        return Path(spec.path) if spec is not None else None
 
     def _commit_variant(self, unit_id: str, pos: int) -> tuple[int, dict[str, Any]] | None:
         variants = self._commit_variants.get(unit_id)

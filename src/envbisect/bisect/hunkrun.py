@@ -57,8 +57,10 @@ class HunkSettings:
     crash_is_bad: bool = False  # the regression is a crash (``on_crash=bad``, bad failed)
 
 
-class _Measure:
-    """The hunk search's test function: a subset of hunks → a verdict, through the run's."""
+class Measure:
+    """The hunk search's test function: a subset of hunks → a verdict, through the run's
+    (the package step's too: ``shown`` names what a state applies in its progress line;
+    ``excuse`` says why a failed state says nothing about the regression: unresolved)."""
 
     def __init__(
         self,
@@ -76,12 +78,16 @@ class _Measure:
         self.progress = progress
         self.trials: list[HunkTrial] = []
         self.seen: dict[State, Verdict] = {}
+        self.excuse: Callable[[State, Failure], str | None] | None = None
 
-    def __call__(self, state: State, applied: tuple[int, ...], purpose: str) -> Verdict:
+    def __call__(
+        self, state: State, applied: tuple[int, ...], purpose: str, shown: str | None = None
+    ) -> Verdict:
         if state in self.seen:
             return self.seen[state]
-        shown = ", ".join(map(str, applied)) or "none"
-        self.progress(f"hunk(s) {shown} of {self.of} applied ({purpose})")
+        if shown is None:
+            shown = f"hunk(s) {', '.join(map(str, applied)) or 'none'} of {self.of} applied"
+        self.progress(f"{shown} ({purpose})")
         out = self.measure(state, self.s.repeats)
         samples = list(out.samples)
         failure = Failure.of(out.failure) if out.failure else None
@@ -89,8 +95,11 @@ class _Measure:
             more = self.measure(state, min(2, self.s.max_samples - len(samples)))
             samples += more.samples
             failure = Failure.of(more.failure) if more.failure else None
+        excuse = self.excuse(state, failure) if failure and self.excuse is not None else None
         if out.untestable:
             verdict = Verdict.UNRESOLVED
+        elif failure is not None and excuse:
+            verdict, failure = Verdict.UNRESOLVED, Failure(f"{failure} ({excuse})")
         elif failure is not None or not samples:
             verdict = Verdict.BAD if self.s.crash_is_bad else Verdict.UNRESOLVED
         else:
@@ -248,7 +257,7 @@ def find_hunk(
         return base, ()
     noise = Noise.from_groups(t.samples for t in result.trials if not t.failure)
     assert result.threshold is not None
-    m = _Measure(measure, Judge(result.threshold, noise), settings, progress, number)
+    m = Measure(measure, Judge(result.threshold, noise), settings, progress, number)
     files = sorted({shown_path(change.repo, h.path) for h in hunks})
     m.of = f"{len(hunks)} in {', '.join(files)}"
     v = change.version
@@ -269,7 +278,7 @@ def _culprit(
     base: HunkCulprit,
     iso: HunkIsolation,
     hunks: tuple[Hunk, ...],
-    m: _Measure,
+    m: Measure,
     change: _Change,
 ) -> HunkCulprit:
     """The HunkCulprit of a finished hunk search, with its evidence (medians, trials)."""
@@ -306,7 +315,7 @@ def _culprit(
     return out
 
 
-def _trial_of(m: _Measure, state: State | None) -> HunkTrial | None:
+def _trial_of(m: Measure, state: State | None) -> HunkTrial | None:
     """The hunk search's trial of ``state`` that ran (None: not measured by it)."""
     return next((t for t in m.trials if t.state == state and t.samples), None)
 

@@ -1,5 +1,9 @@
 """Below a guilty file version: which of its hunks makes it slow? Pure, no I/O.
 
+(``isolate_hunks`` works on any n items whose subsets can be built: the package step
+splits a guilty torch stack into its components with it; ``first_bad`` bisects ordered
+items, the releases between two versions.)
+
 ``isolate_hunks(n, test)`` is Zeller's isolating delta debugging (dd with "+/-", as in the
 change debugger) over the ``n`` hunks of one change: the caller's ``test(subset)`` says
 whether the old content with that subset of hunks applied is good, bad or unresolved (a
@@ -23,7 +27,7 @@ from typing import Any
 
 from envbisect.bisect.verdict import Verdict
 
-__all__ = ["HunkIsolation", "HunkTestFn", "isolate_hunks"]
+__all__ = ["FirstBad", "HunkIsolation", "HunkTestFn", "first_bad", "isolate_hunks"]
 
 # The old content with the given hunks (0-based indices) applied: good, bad or unresolved.
 HunkTestFn = Callable[[frozenset[int]], Verdict]
@@ -154,3 +158,50 @@ def isolate_hunks(n: int, test: HunkTestFn, *, budget: int | None = None) -> Hun
         tested=tuple(tester.seen.items()),
         spent=spent,
     )
+
+
+@dataclass(frozen=True)
+class FirstBad:
+    """What the search over ordered items found: ``candidates``, the positions that can
+    still be the first bad one (one when found; several when unresolved items hide the
+    boundary or the budget ran out); ``tested``: every position tested, with its verdict."""
+
+    n: int
+    candidates: tuple[int, ...]
+    tested: tuple[tuple[int, Verdict], ...]
+    spent: bool = False
+
+    @property
+    def first_bad(self) -> int | None:
+        return self.candidates[0] if len(self.candidates) == 1 else None
+
+
+def first_bad(n: int, test: Callable[[int], Verdict], *, budget: int | None = None) -> FirstBad:
+    """The first bad of ``n`` ordered items (releases), binary search like ``git bisect``:
+    position -1 (before the first item) is known good and ``n - 1`` known bad, so neither
+    is tested; an unresolved item is skipped (``git bisect skip``). At most ⌈log2 n⌉ tests
+    with conclusive verdicts; ``budget``: at most this many."""
+    if n < 1:
+        raise ValueError("no items to search")
+    lo, hi = -1, n - 1
+    skipped: set[int] = set()
+    tested: list[tuple[int, Verdict]] = []
+    spent = False
+    while hi - lo > 1:
+        choices = [p for p in range(lo + 1, hi) if p not in skipped]
+        if not choices:
+            break
+        if budget is not None and len(tested) >= budget:
+            spent = True
+            break
+        mid = (lo + hi) / 2
+        p = min(choices, key=lambda q: (abs(q - mid), q))
+        v = test(p)
+        tested.append((p, v))
+        if v is Verdict.GOOD:
+            lo = p
+        elif v is Verdict.BAD:
+            hi = p
+        else:
+            skipped.add(p)
+    return FirstBad(n, tuple(range(lo + 1, hi + 1)), tuple(tested), spent)

@@ -62,7 +62,13 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     default=None,
     help="Samples per state to start with (default: repeats: in envbisect.yaml, else 3).",
 )
-@click.option("--max-trials", type=int, default=None, help="Budget of distinct states.")
+@click.option(
+    "--max-trials",
+    type=int,
+    default=None,
+    help="Budget of distinct states, the steps below a culprit included (commits, hunks, "
+    "torch stack components, releases).",
+)
 @timeout_option
 @click.option(
     "--on-crash",
@@ -78,6 +84,17 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     show_default=True,
     help="When the bad state is not slow, run it up to N times looking for an intermittent "
     "crash before calling it not reproduced (a crash that strikes 1 run in 8 needs ~24).",
+)
+@click.option(
+    "--cpu-threads",
+    default="auto",
+    show_default=True,
+    callback=lambda _c, _p, v: _cpu_threads(v),
+    help="OMP_NUM_THREADS and MKL_NUM_THREADS for every trial of your command: a number; "
+    "'auto' sets them to the free cores when other processes keep some busy at the start "
+    "(a CPU job with a thread per core collapses when one core is busy), and only on a "
+    "machine without GPUs; 'off' leaves your environment's. Never where the states "
+    "themselves differ in those variables. The built-in smoke test sizes its own.",
 )
 @click.option(
     "--find-all",
@@ -123,8 +140,11 @@ def command(**flags: Any) -> int:
     the built-in drafter smoke test) and reads its tok/s. Before the first trial, every
     package version either endpoint needs is looked up in the sources envbisect.yaml names
     (indexes, find_links, index_strategy, offline, pins): what is missing is listed in one
-    message (exit 2). Exit 0 culprit found, 1 no single culprit, 2 bad input, 130
-    interrupted (resume with --resume; clean up with reset).
+    message (exit 2). Below a culprit it goes on: a repo to its first bad commit and hunk;
+    a guilty torch stack to its component (torch itself, triton, the CUDA wheels, ...);
+    one guilty package to its first bad release among those the sources hold. Exit 0
+    culprit found, 1 no single culprit, 2 bad input, 130 interrupted (resume with
+    --resume; clean up with reset).
     """
     from envbisect import report
     from envbisect.agent.redact import redact_text
@@ -208,6 +228,7 @@ class RunFlags:
     on_crash: str
     crash_runs: int
     find_all: bool
+    cpu_threads: str
     session_dir: str | None
     resume: bool
     fresh: bool
@@ -270,6 +291,7 @@ class RunFlags:
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
             find_all=self.find_all,
+            cpu_threads=self.cpu_threads,
             trust=tuple(Path(p).absolute() for p in self.trust),
         )
 
@@ -375,3 +397,11 @@ def _write_outputs(result: RunResult, json_path: str | None, report_path: str | 
         atomic_write_text(Path(json_path), report.render_json(result))
     if report_path:
         atomic_write_text(Path(report_path), terminal(report.render_markdown(result)))
+
+
+def _cpu_threads(value: str) -> str:
+    """``--cpu-threads``: auto, off or a positive number of threads."""
+    word = value.strip().lower()
+    if word in ("auto", "off") or (word.isdigit() and int(word) > 0):
+        return word
+    raise click.BadParameter(f"{value!r}: expected auto, off or a number of threads ≥ 1")
