@@ -107,8 +107,9 @@ def build_venv(work: Path, name: str, pins: tuple[str, ...], env: dict[str, str]
     }
 
 
-def write_config(work: Path) -> tuple[Path, str]:
-    """envbisect.yaml naming the sources: the richer form where this checkout accepts it."""
+def write_config(work: Path, older: bool = False) -> tuple[Path, str]:
+    """envbisect.yaml naming the sources: the richer form where this checkout accepts it
+    (``older``: the older form whatever this checkout accepts)."""
     path = work / "envbisect.yaml"
     common = {"manifests_dir": str(work / "manifests"), "env": sorted(BAD_ENV)}
     rich = dict(
@@ -120,6 +121,8 @@ def write_config(work: Path) -> tuple[Path, str]:
     )
     path.write_text(json.dumps(rich, indent=2) + "\n")
     try:
+        if older:
+            raise ValueError("--older-config")
         sys.path.insert(0, str(ROOT / "src"))
         from envbisect.config import Config
 
@@ -274,6 +277,12 @@ def main() -> int:
         help="export UV_INDEX_STRATEGY=unsafe-best-match to the run (for a checkout whose "
         "envbisect.yaml has no index_strategy)",
     )
+    ap.add_argument(
+        "--older-config",
+        action="store_true",
+        help="write extra_index_urls + find_links (for an envbisect on PYTHONPATH from before "
+        "issue 25, e.g. PYTHONPATH=<old checkout>/src)",
+    )
     args = ap.parse_args()
 
     work = args.work.resolve()
@@ -292,7 +301,7 @@ def main() -> int:
             "bad": build_venv(work, "bad", BAD_PINS, env),
         },
     }
-    config, form = write_config(work)
+    config, form = write_config(work, older=args.older_config)
     result["config_form"] = form
     print(f"config: {config} ({form})", file=sys.stderr)
     result["snapshots"] = snapshots(work, config, env)
