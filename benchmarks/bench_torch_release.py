@@ -129,8 +129,8 @@ def write_config(work: Path, older: bool = False) -> tuple[Path, str]:
         Config.load(path)
         return path, "indexes + find_links + index_strategy"
     except Exception as exc:  # noqa: BLE001 - any refusal means: this checkout has the older keys
-        older = dict(common, extra_index_urls=list(EXTRA_INDEXES), find_links=list(FIND_LINKS))
-        path.write_text(json.dumps(older, indent=2) + "\n")
+        form = dict(common, extra_index_urls=list(EXTRA_INDEXES), find_links=list(FIND_LINKS))
+        path.write_text(json.dumps(form, indent=2) + "\n")
         return path, f"extra_index_urls + find_links (richer form refused: {exc})"
 
 
