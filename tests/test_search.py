@@ -667,6 +667,8 @@ def test_a_verdict_taken_under_passing_load_is_measured_again_before_it_names_a_
     assert res.outcome is SearchOutcome.FOUND and culprit_sets(res) == {frozenset({"u2"})}
     assert any("other processes loaded the machine: measuring it again" in p for p in phases)
     assert "measured again" in res.message
+    again = [t for t in res.trials if t.set_aside]
+    assert again and all(len(t.samples) >= 3 for t in again)
 
 
 def test_a_machine_busy_all_along_is_not_measured_again() -> None:

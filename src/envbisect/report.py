@@ -94,6 +94,7 @@ def _verdict(r: TrialRow) -> str:
         + (f" ({r.failure})" if r.failure else "")
         + (f"; {r.crash_rate}" if r.crash_rate else "")
         + (f"; {r.contended} of {len(r.samples)} samples under load" if r.contended else "")
+        + (f"; measured again, {len(r.set_aside)} set aside (under load)" if r.set_aside else "")
         + (f" — outlier: {r.outlier}" if r.outlier else "")
     )
 

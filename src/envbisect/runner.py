@@ -499,6 +499,7 @@ class TrialRow:
     runs: int = 0  # processes run; a crash ends one
     crashes: int = 0
     contended: int = 0  # samples taken while other processes loaded the machine
+    set_aside: tuple[float, ...] = ()  # samples under load, set aside when measured again
 
     @property
     def crash_rate(self) -> str | None:
@@ -522,6 +523,7 @@ class TrialRow:
             runs=trial.runs,
             crashes=trial.crashes,
             contended=sum(trial.contended),
+            set_aside=tuple(trial.set_aside),
         )
 
     @classmethod
@@ -558,6 +560,7 @@ class TrialRow:
             "crashes": self.crashes,
             "crash_rate": self.crash_rate,
             "contended_samples": self.contended,
+            "set_aside_samples": [round(s, 3) for s in self.set_aside],
             "facts": self.facts,
         }
 
@@ -577,6 +580,7 @@ class TrialRow:
             runs=int(d.get("runs") or 0),
             crashes=int(d.get("crashes") or 0),
             contended=int(d.get("contended_samples") or 0),
+            set_aside=tuple(float(x) for x in d.get("set_aside_samples") or ()),
             facts=d.get("facts"),
         )
 

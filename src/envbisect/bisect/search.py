@@ -184,6 +184,9 @@ class Trial:
     runs: int = 0  # processes run (a crash ends one)
     crashes: int = 0
     contended: tuple[bool, ...] = ()  # per sample: taken while other processes loaded the box
+    # Samples taken under load and set aside when the state was measured again (``samples``
+    # holds the ones judged): shown, never judged.
+    set_aside: tuple[float, ...] = ()
 
     @property
     def crash_rate(self) -> CrashRate:
@@ -420,6 +423,7 @@ class _Record:
     runs: int = 0
     crashes: int = 0
     contended: list[bool] = field(default_factory=list)
+    set_aside: list[float] = field(default_factory=list)
 
     def freeze(self) -> Trial:
         return Trial(
@@ -435,6 +439,7 @@ class _Record:
             runs=self.runs,
             crashes=self.crashes,
             contended=tuple(self.contended),
+            set_aside=tuple(self.set_aside),
         )
 
 
@@ -854,6 +859,7 @@ class _Engine:
             f"trial {rec.index}: {loaded} of {len(rec.samples)} samples were taken while "
             f"other processes loaded the machine: measuring it again {why}",
         )
+        rec.set_aside.extend(x for x, f in zip(rec.samples, rec.contended, strict=True) if f)
         rec.samples = [x for x, f in zip(rec.samples, rec.contended, strict=True) if not f]
         rec.contended = [False] * len(rec.samples)
         self._call(rec, max(1, self.repeats - len(rec.samples)))
