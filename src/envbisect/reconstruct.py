@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
@@ -127,30 +127,40 @@ def iso(when: datetime | float) -> str:
 Resolver = Callable[[str, str, list[str], datetime], dict[str, str]]
 
 
+def uv_compile(
+    uv: str, name: str, text: str, args: Sequence[str], constraints: Sequence[str] = ()
+) -> dict[str, str]:
+    """``uv pip compile`` of ``text`` (a requirements file named ``name``) with uv's
+    ``args`` and ``constraints`` lines, in a temporary dir: the pinned versions. Raises
+    ReconstructError with uv's last line when it cannot resolve."""
+    with tempfile.TemporaryDirectory(prefix="envbisect-compile-") as tmp:
+        src = Path(tmp) / name
+        src.write_text(text, encoding="utf-8")
+        argv = [uv, "pip", "compile", "-q", "--no-header", "--no-annotate", *args]
+        if constraints:
+            cons = Path(tmp) / "constraints.txt"
+            cons.write_text("".join(f"{c}\n" for c in constraints), encoding="utf-8")
+            argv += ["-c", str(cons)]
+        argv.append(str(src))
+        try:
+            proc = subprocess.run(
+                argv, capture_output=True, text=True, timeout=300, cwd=tmp, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ReconstructError(f"uv pip compile: {exc}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
+        raise ReconstructError(f"uv pip compile: {last.strip()}")
+    return compiled_pins(proc.stdout)
+
+
 def uv_resolver(config: Config) -> Resolver:
     """``uv pip compile --exclude-newer`` against the configured package sources."""
 
     def resolve(name: str, text: str, constraints: list[str], when: datetime) -> dict[str, str]:
         uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
-        with tempfile.TemporaryDirectory(prefix="envbisect-asof-") as tmp:
-            src = Path(tmp) / name
-            src.write_text(text, encoding="utf-8")
-            cons = Path(tmp) / "constraints.txt"
-            lines = [*constraints, *_pin_constraints(config)]
-            cons.write_text("".join(f"{c}\n" for c in lines), encoding="utf-8")
-            argv = [uv, "pip", "compile", "-q", "--no-header", "--no-annotate"]
-            argv += ["--exclude-newer", iso(when), "-c", str(cons), str(src)]
-            argv += _source_args(config)
-            try:
-                proc = subprocess.run(
-                    argv, capture_output=True, text=True, timeout=300, cwd=tmp, check=False
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise ReconstructError(f"uv pip compile: {exc}") from None
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-            raise ReconstructError(f"uv pip compile: {last.strip()}")
-        return compiled_pins(proc.stdout)
+        args = ["--exclude-newer", iso(when), *_source_args(config)]
+        return uv_compile(uv, name, text, args, [*constraints, *_pin_constraints(config)])
 
     return resolve
 

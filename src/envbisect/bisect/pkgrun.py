@@ -28,8 +28,6 @@ logged and replayed like the engine's. Nothing here prints: progress goes to a c
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -593,22 +591,12 @@ def uv_resolver(uv: str, source_args: Sequence[str], python: str) -> Resolve:
     options for them) for the target's ``python`` version (``3.12``)."""
 
     def resolve(requirement: str) -> Mapping[str, str]:
-        from envbisect.reconstruct import compiled_pins
+        from envbisect.reconstruct import ReconstructError, uv_compile
 
-        with tempfile.TemporaryDirectory(prefix="envbisect-pins-") as tmp:
-            src = Path(tmp) / "requirements.in"
-            src.write_text(requirement + "\n", encoding="utf-8")
-            argv = [uv, "pip", "compile", "-q", "--no-header", "--no-annotate"]
-            argv += ["--python-version", python, str(src), *source_args]
-            try:
-                proc = subprocess.run(
-                    argv, capture_output=True, text=True, timeout=300, cwd=tmp, check=False
-                )
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise ActuationError(f"uv pip compile {requirement}: {exc}") from None
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-            raise ActuationError(f"uv pip compile {requirement}: {last.strip()}")
-        return compiled_pins(proc.stdout)
+        args = ["--python-version", python, *source_args]
+        try:
+            return uv_compile(uv, "requirements.in", requirement + "\n", args)
+        except ReconstructError as exc:
+            raise ActuationError(f"{exc} ({requirement})") from None
 
     return resolve
