@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,8 +38,17 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     monkeypatch.setenv("ENVBISECT_LOCK_DIR", str(tmp_path_factory.getbasetemp() / "locks"))
     # The per-user key that marks manifests as this user's own (envbisect.trust).
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "xdg-config"))
-    # Log dirs that envbisect keeps for a failed run (check, smoke, snapshot) go under the
-    # session's base temp, not /tmp, so a test run leaves nothing behind.
-    keep = tmp_path_factory.getbasetemp() / "t"
-    keep.mkdir(exist_ok=True)
-    monkeypatch.setattr(tempfile, "tempdir", str(keep))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_log_dirs_left() -> Iterator[None]:
+    """envbisect keeps the log dir of a failed check, smoke or snapshot in the system temp
+    dir, as users need (the message points at it); the tests' failures are on purpose, so
+    the dirs they made are removed when the session ends. (The temp dir itself is not
+    redirected: the collector's default inductor cache path is read from it.)"""
+    root = Path(tempfile.gettempdir())
+    kinds = ("check", "smoke", "snapshot", "probe")
+    before = {p for k in kinds for p in root.glob(f"envbisect-{k}-*")}
+    yield
+    for path in {p for k in kinds for p in root.glob(f"envbisect-{k}-*")} - before:
+        shutil.rmtree(path, ignore_errors=True)

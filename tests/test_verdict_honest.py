@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 def test_a_package_that_cannot_be_built_is_unresolved_never_the_culprit(tmp_path: Path) -> None:
     sc = Scenario(tmp_path)
     sc.venv("ebwork==2.0")
-    # 9.9 exists in no configured index: the bad side cannot be built here.
+    # 9.9 is listed where the run looks (so the sources' pre-check passes) but its wheel is
+    # not a zip archive: the bad side cannot be built here.
+    (sc.wheels / "ebwork-9.9-py3-none-any.whl").write_bytes(b"not a wheel\n")
     sc.write(
         good={"packages": {"ebwork": pkg("2.0")}},
         bad={"packages": {"ebwork": pkg("9.9")}},
