@@ -651,6 +651,7 @@ def _loaded_during(calls: tuple[int, int], *, flagged: bool) -> tuple[SearchResu
         [f"u{i}" for i in range(8)],
         test,
         progress=lambda e: phases.append(e.message) if e.kind is EventKind.PHASE else None,
+        recheck_loaded=True,
     )
     return res, phases
 

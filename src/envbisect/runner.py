@@ -456,6 +456,7 @@ class RunOptions:
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     find_all: bool = False  # go on after the first cause while reverting it is not enough
+    recheck_loaded: bool = False  # measure again a verdict taken under passing load
     # OMP_NUM_THREADS of a user's command's trials: "auto" (the free cores when the machine
     # is busy at the start), "off" (as the environment has it), or a number.
     cpu_threads: str = "auto"
@@ -477,6 +478,7 @@ class RunOptions:
             workers=workers,
             crash_runs=self.crash_runs,
             find_all=self.find_all,
+            recheck_loaded=self.recheck_loaded,
         )
 
 

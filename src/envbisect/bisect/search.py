@@ -369,6 +369,9 @@ class SearchSettings:
     # Runs of a bad endpoint that is not slow spent looking for an intermittent crash
     # before the regression is called not reproduced (0: none).
     crash_runs: int = 0
+    # Measure a state again when its bad verdict rests on samples taken under passing load
+    # (``_recheck``); off by default: it adds processes where load varies.
+    recheck_loaded: bool = False
 
     def validate(self, units: Sequence[str]) -> None:
         """ValueError for a mistake of the caller (which validates user input first)."""
@@ -506,6 +509,7 @@ class _Engine:
         self.culprits: list[Isolation] = []
         self.unfaithful = False  # an endpoint could not be realized as recorded
         self.crash_runs = settings.crash_runs
+        self.recheck_loaded = settings.recheck_loaded
         # The bad endpoint's crash rate, once it crashed (on_failure "bad"): every state
         # that runs clean is run ``clear_runs`` times (see ``crashrate``).
         self.crash: CrashRate | None = None
@@ -809,7 +813,8 @@ class _Engine:
         """Most of ``rec``'s samples were taken under other processes' load, while other
         samples of the run were not (load varied: a busy moment, not the machine's state)."""
         return (
-            not rec.failure
+            self.recheck_loaded
+            and not rec.failure
             and rec.state not in self._rechecked
             and 2 * sum(rec.contended) >= len(rec.samples) > 0
             and self._load_varied()

@@ -97,6 +97,14 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "themselves differ in those variables. The built-in smoke test sizes its own.",
 )
 @click.option(
+    "--recheck-under-load",
+    "recheck_loaded",
+    is_flag=True,
+    help="On a shared box whose load comes and goes: a state judged slow mostly on samples "
+    "taken while other processes loaded the machine is measured again, those samples set "
+    "aside, before a culprit is named from it (costs a process per such state).",
+)
+@click.option(
     "--find-all",
     is_flag=True,
     help="Go on after the first cause while reverting it does not restore speed: name every "
@@ -228,6 +236,7 @@ class RunFlags:
     on_crash: str
     crash_runs: int
     find_all: bool
+    recheck_loaded: bool
     cpu_threads: str
     session_dir: str | None
     resume: bool
@@ -291,6 +300,7 @@ class RunFlags:
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
             find_all=self.find_all,
+            recheck_loaded=self.recheck_loaded,
             cpu_threads=self.cpu_threads,
             trust=tuple(Path(p).absolute() for p in self.trust),
         )
