@@ -3,7 +3,7 @@
 Usage (from the repo root):
     python benchmarks/bench_busy.py [--pairs 5] [--reference-pairs 1] [--json OUT]
 
-Each pair runs the smoke test (``python -m envbisect.smoke.drafter --preset tiny --samples 3``,
+Each pair runs the smoke test (``python -m envbisect.agent.drafter --preset tiny --samples 3``,
 a fresh process) once on the quiet machine and once while ``sh -c 'while :; do :; done'`` (started
 and killed by this script) keeps one core busy; the order within a pair alternates so drift
 hits both sides alike. Two thread settings are measured: the smoke test's own sizing (the tiny
@@ -47,7 +47,7 @@ class BusyCore:
 def run_once(extra: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     env.pop("OMP_NUM_THREADS", None)
-    argv = [sys.executable, "-m", "envbisect.smoke.drafter", "--preset", "tiny", "--samples", "3"]
+    argv = [sys.executable, "-m", "envbisect.agent.drafter", "--preset", "tiny", "--samples", "3"]
     proc = subprocess.run([*argv, *extra], env=env, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENVBISECT_RESULT ")]
     if not lines:

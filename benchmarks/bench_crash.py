@@ -12,7 +12,7 @@ Methods:
 
 1. ``rate``: the engine as built (``on_failure="bad"``): the bad endpoint is run until its
    crash rate is estimated, every state that runs clean is run until a crash at that rate
-   would have shown with 95% probability (``envbisect.bisect.crashrate``); ``crash_runs=40``
+   would have shown with 95% probability (``envbisect.search.crashrate``); ``crash_runs=40``
    lets a bad endpoint that is not slow run up to 40 times looking for a crash first.
 2. ``coin``: the same engine told nothing about crash kinds (failures reported as plain
    text, so no rate is estimated and no state gets extra runs): one crash is bad, one clean
@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envbisect.bisect import SearchOutcome, State, search
-from envbisect.bisect.search import Outcome
+from envbisect.search import SearchOutcome, State, search
+from envbisect.search.engine import Outcome
 
 SPEED = 5000.0
 CV = 0.03

@@ -38,10 +38,10 @@ from typing import Any
 
 import yaml
 
-from envbisect import manifest
 from envbisect.diff import DiffResult, diff_manifests
-from envbisect.manifest import Manifest
-from envbisect.render import render, render_table
+from envbisect.model import manifest
+from envbisect.model.manifest import Manifest
+from envbisect.render.diff import render, render_table
 
 N_PACKAGES, N_FILES, N_SUBDIRS = 4_000, 10_000, 6_000
 

@@ -32,9 +32,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from envbisect.bisect import Outcome, State, search  # noqa: E402
-from envbisect.bisect.hunkrun import HunkSettings, find_hunk  # noqa: E402
-from envbisect.history import UNCOMMITTED, FileVersion  # noqa: E402
+from envbisect.model.history import UNCOMMITTED, FileVersion  # noqa: E402
+from envbisect.search import Outcome, State, search  # noqa: E402
+from envbisect.search.hunkrun import HunkSettings, find_hunk  # noqa: E402
 
 FILE = "/w/repo/model.py"
 UNIT = f"files:{FILE}"

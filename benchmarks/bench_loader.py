@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_diff import generate, paired  # noqa: E402 - a sibling script, not a package
 
-from envbisect import manifest  # noqa: E402
+from envbisect.model import manifest  # noqa: E402
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from envbisect.probed import CONFIG_ENV, wrap  # noqa: E402 - after the path insert
+from envbisect.run.probed import CONFIG_ENV, wrap  # noqa: E402 - after the path insert
 
 TRAIN = r"""
 import json, sys, time

@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from envbisect.bisect.actuate import Actuator  # noqa: E402 - after the path fix above
-from envbisect.bisect.session import Session  # noqa: E402
 from envbisect.diff import diff_manifests  # noqa: E402
-from envbisect.manifest import Manifest  # noqa: E402
+from envbisect.model.manifest import Manifest  # noqa: E402
+from envbisect.model.session import Session  # noqa: E402
+from envbisect.realize.actuate import Actuator  # noqa: E402 - after the path fix above
 from tests.helpers_run import build_wheel, pkg  # noqa: E402
 
 

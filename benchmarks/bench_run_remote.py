@@ -36,10 +36,10 @@ from helpers_run import (  # noqa: E402
 )
 from helpers_ssh import start_sshd  # noqa: E402
 
-from envbisect.bisect.actuate import Actuator  # noqa: E402 - after the path fix above
-from envbisect.bisect.session import Session  # noqa: E402
 from envbisect.diff import diff_manifests  # noqa: E402
-from envbisect.manifest import load  # noqa: E402
+from envbisect.model.manifest import load  # noqa: E402
+from envbisect.model.session import Session  # noqa: E402
+from envbisect.realize.actuate import Actuator  # noqa: E402 - after the path fix above
 from envbisect.transport import Transport  # noqa: E402
 
 

@@ -4,7 +4,7 @@ For every case and N ∈ {4, 8, 16, 32, 64} units, over --seeds seeds (default 2
 oracle (tests/helpers_oracle.py: seeded culprit placement, seeded log-normal noise) is given
 to three methods:
 
-1. ``engine``: ``envbisect.bisect.search`` (defaults: 3 samples, up to 9 near the threshold;
+1. ``engine``: ``envbisect.search.engine`` (defaults: 3 samples, up to 9 near the threshold;
    ``find_all`` for the independent-culprits case, ``on_failure="skip"`` for unbuildable);
 2. ``ddmin``: Zeller & Hildebrandt's plain ddmin (minimizing, subsets then complements,
    unresolved = not failing), every state measured with 3 samples and judged by its median
@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from helpers_oracle import Oracle, make_oracle  # noqa: E402  (tests/ is put on the path above)
 
-from envbisect.bisect import SearchOutcome, State, Verdict, search  # noqa: E402
-from envbisect.bisect.verdict import median  # noqa: E402
+from envbisect.search import SearchOutcome, State, Verdict, search  # noqa: E402
+from envbisect.search.verdict import median  # noqa: E402
 
 Answer = set[frozenset[str]]
 BASE_SAMPLES = 3

@@ -4,7 +4,7 @@ ratio of environment changes against a baseline measured in the same run.
 Usage (from the repo root):
     python benchmarks/bench_smoke.py [--runs 5] [--only NAME ...] [--json OUT]
 
-Every run is a fresh process (``python -m envbisect.smoke.drafter --preset tiny``), so env
+Every run is a fresh process (``python -m envbisect.agent.drafter --preset tiny``), so env
 changes act as they do in the field. Runs are interleaved (baseline, change 1, change 2, ...,
 then again) so that a machine whose speed drifts affects every configuration alike. Reports
 per configuration: median tok/s, CV over the runs, median whole-process seconds, and the
@@ -54,7 +54,7 @@ def configs(tmp: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
 
 def run_once(args: list[str], env_over: dict[str, str]) -> tuple[dict, float]:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **env_over)
-    argv = [sys.executable, "-m", "envbisect.smoke.drafter", "--preset", "tiny", *args]
+    argv = [sys.executable, "-m", "envbisect.agent.drafter", "--preset", "tiny", *args]
     t0 = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0

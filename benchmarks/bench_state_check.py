@@ -1,7 +1,7 @@
 """Cost of the realized-state check that run does before every trial, against the cost of
 starting the same interpreter (``python -c pass``) and a bare echo agent round trip.
 
-The check (``envbisect.bisect.faithful.check_state``) ships the collector restricted to
+The check (``envbisect.realize.faithful.check_state``) ships the collector restricted to
 python/packages/torch/files/git/env into the state's interpreter and compares the facts.
 Measured here on this repository's own venv (its packages, torch included, one file, one
 git repo, two env values), rounds interleaved so drift hits all three alike; reported:
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envbisect.bisect.faithful import check_state
+from envbisect.realize.faithful import check_state
 from envbisect.transport import Transport
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -124,7 +124,7 @@ def write_config(work: Path, older: bool = False) -> tuple[Path, str]:
         if older:
             raise ValueError("--older-config")
         sys.path.insert(0, str(ROOT / "src"))
-        from envbisect.config import Config
+        from envbisect.model.config import Config
 
         Config.load(path)
         return path, "indexes + find_links + index_strategy"

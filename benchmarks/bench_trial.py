@@ -31,7 +31,7 @@ def drafter(py: str, flags: list[str], samples: int) -> tuple[float, dict]:
         env = dict(os.environ, PYTHONPATH=str(SRC), ENVBISECT_RESULT=str(out))
         t = time.monotonic()
         subprocess.run(
-            [py, "-m", "envbisect.smoke.drafter", *flags, "--samples", str(samples)],
+            [py, "-m", "envbisect.agent.drafter", *flags, "--samples", str(samples)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -36,7 +36,7 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
     monkeypatch.setenv("ENVBISECT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
     # Swapped files are locked machine-wide; tests keep their locks out of /tmp's shared dir.
     monkeypatch.setenv("ENVBISECT_LOCK_DIR", str(tmp_path_factory.getbasetemp() / "locks"))
-    # The per-user key that marks manifests as this user's own (envbisect.trust).
+    # The per-user key that marks manifests as this user's own (envbisect.model.trust).
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "xdg-config"))
 
 

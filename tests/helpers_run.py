@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from envbisect.manifest import SCHEMA
+from envbisect.model.manifest import SCHEMA
 
 SLOWDOWN = 8  # work factor of a "slow" change; thresholds sit between 1x and this
 
@@ -109,7 +109,7 @@ def simple_index(
     """A local PEP 503 simple index (file://) at ``root``: per project a page linking its
     files, with PEP 700 upload times where given; ``attrs``: file name → extra anchor
     attributes (``data-yanked``, ``data-requires-python``)."""
-    from envbisect.reconstruct import iso
+    from envbisect.snapshot.reconstruct import iso
 
     for name, files in wheels.items():
         d = root / name
@@ -308,7 +308,7 @@ class Scenario:
                 {
                     "good": str(self.good),
                     "repos": [str(self.repo)],
-                    # What the run may touch: the loose file and the cache (envbisect.scope).
+                    # What the run may touch: the loose file and the cache (envbisect.model.scope).
                     "files": [str(self.loose)],
                     "caches": {"inductor": str(self.inductor)},
                     "index_url": self.index.as_uri(),

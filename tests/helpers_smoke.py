@@ -39,12 +39,12 @@ MICRO_FLAGS = [
 def run_drafter_process(
     flags: list[str], env: dict[str, str] | None = None, result_file: Path | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """Run ``python -m envbisect.smoke.drafter`` for real; return the process and its line."""
+    """Run ``python -m envbisect.agent.drafter`` for real; return the process and its line."""
     full_env = dict(os.environ, PYTHONPATH=str(SRC), **(env or {}))
     if result_file is not None:
         full_env["ENVBISECT_RESULT"] = str(result_file)
     proc = subprocess.run(
-        [sys.executable, "-m", "envbisect.smoke.drafter", *flags],
+        [sys.executable, "-m", "envbisect.agent.drafter", *flags],
         env=full_env,
         capture_output=True,
         text=True,

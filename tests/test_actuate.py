@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from envbisect import manifest as mf
-from envbisect.bisect.actuate import Actuator
-from envbisect.bisect.session import Session
 from envbisect.diff import diff_manifests
+from envbisect.model import manifest as mf
+from envbisect.model.session import Session
+from envbisect.realize.actuate import Actuator
 from tests.helpers_run import (
     build_wheel,
     commit_all,

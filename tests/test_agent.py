@@ -18,9 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envbisect.agent import channel
-from envbisect.agent.bundle import build_bundle, find_frame
-from envbisect.errors import TransportError
+from envbisect.model.errors import TransportError
 from envbisect.transport import Transport
+from envbisect.transport.bundle import build_bundle, find_frame
 
 NONCE = "0123456789abcdef"
 
@@ -218,7 +218,7 @@ def test_an_agent_that_cannot_import_in_the_target_reports_why(tmp_path: Path) -
             sys.executable, "envbisect.transport", {}, timeout_s=30, log_dir=tmp_path
         )
     assert "ModuleNotFoundError" in str(info.value)
-    assert "envbisect.agent.bundle" in str(info.value)
+    assert "envbisect.model" in str(info.value)
 
 
 def test_an_unknown_agent_module_is_a_transport_error() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.argvmap import PathMapper
+from envbisect.model.argvmap import PathMapper
 
 
 @pytest.fixture

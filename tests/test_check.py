@@ -136,7 +136,7 @@ def test_check_reads_threshold_repeats_and_metric_regex_from_the_config(tmp_path
 
 
 def test_check_refuses_a_percentage_and_a_missing_threshold(tmp_path: Path) -> None:
-    from envbisect.errors import UsageError
+    from envbisect.model.errors import UsageError
 
     for argv, match in (
         (["check", "--until", "70%", "--", "true"], "a percentage needs a measured good state"),
@@ -182,7 +182,7 @@ def test_git_bisect_run_finds_the_commit_that_made_tokens_expensive(tmp_path: Pa
 
 def test_check_with_the_built_in_drafter_on_cpu(tmp_path: Path) -> None:
     """The default smoke test, shipped on stdin to the target python (real torch, CPU)."""
-    from envbisect.runner import SmokeCommand, check
+    from envbisect.run.runner import SmokeCommand, check
     from envbisect.transport import Transport
 
     smoke = SmokeCommand(
@@ -259,7 +259,7 @@ with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
 def test_check_takes_its_samples_from_one_process(tmp_path: Path) -> None:
     script, starts = tmp_path / "windows.py", tmp_path / "starts.txt"
     script.write_text(WINDOWS)
-    from envbisect.runner import SmokeCommand, check
+    from envbisect.run.runner import SmokeCommand, check
     from envbisect.transport import Transport
 
     res = check(
@@ -275,7 +275,7 @@ def test_check_takes_its_samples_from_one_process(tmp_path: Path) -> None:
 
 
 def test_a_command_with_one_figure_is_run_once_per_sample(tmp_path: Path) -> None:
-    from envbisect.runner import SmokeCommand, check
+    from envbisect.run.runner import SmokeCommand, check
     from envbisect.transport import Transport
 
     starts = tmp_path / "starts.txt"

@@ -119,6 +119,6 @@ def test_a_300_character_label_still_writes_its_snapshot(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     [written] = (tmp_path / "manifests").glob("*.yaml")
     assert len(written.name.encode()) <= 255
-    from envbisect.manifest import load
+    from envbisect.model.manifest import load
 
     assert load(written).label == label

@@ -25,14 +25,14 @@ from helpers_collect import (
     write_stand_in,
 )
 
+from envbisect.agent import collector as agent
 from envbisect.agent.redact import redact_env
-from envbisect.collect import agent_params, store_blobs, take_snapshot, write_snapshot
-from envbisect.collect import collector as agent
-from envbisect.config import Config
-from envbisect.errors import CollectError, UsageError
-from envbisect.manifest import Manifest, load
+from envbisect.model.config import Config
+from envbisect.model.errors import CollectError, UsageError
+from envbisect.model.manifest import Manifest, load
+from envbisect.model.trust import is_own
+from envbisect.snapshot import agent_params, store_blobs, take_snapshot, write_snapshot
 from envbisect.transport import Transport
-from envbisect.trust import is_own
 
 PY = sys.executable
 
@@ -354,9 +354,9 @@ def test_planted_secrets_never_reach_the_file(
 
 
 def test_the_collector_bundle_carries_the_redaction_rules() -> None:
-    from envbisect.agent.bundle import build_bundle
+    from envbisect.transport.bundle import build_bundle
 
-    bundle = build_bundle("envbisect.collect.collector", {})
+    bundle = build_bundle("envbisect.agent.collector", {})
     assert b"envbisect.agent.redact" in bundle.source
     ast.parse(bundle.source, feature_version=(3, 8))  # the target may be an old Python
     assert agent.redact_env is redact_env  # one implementation, not a copy
@@ -489,7 +489,7 @@ def test_written_manifest_loads_back_equal(tmp_path: Path) -> None:
     assert path is not None and path.parent == tmp_path / "manifests"
     assert path.name.startswith("good-") and path.suffix == ".yaml"
     loaded = load(path)
-    # Written signed: the manifest is this user's own (envbisect.trust), and otherwise equal.
+    # Written signed: the manifest is this user's own (envbisect.model.trust), and otherwise equal.
     assert is_own(loaded) and not is_own(m)
     meta = {k: v for k, v in loaded.section("meta").items() if k != "signature"}
     assert {**loaded.as_dict(), "meta": meta} == m.as_dict()

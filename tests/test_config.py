@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.config import DEFAULT_BLOB_LIMIT, Config, Target
-from envbisect.errors import ConfigError
+from envbisect.model.config import DEFAULT_BLOB_LIMIT, Config, Target
+from envbisect.model.errors import ConfigError
 
 
 def write(path: Path, text: str) -> Path:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from envbisect import contention
-from envbisect.contention import Busy, Contention
+from envbisect.run import contention
+from envbisect.run.contention import Busy, Contention
 
 FAKES = Path(__file__).parent / "fakes" / "bin"
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc")
@@ -37,7 +37,7 @@ def test_a_busy_core_is_measured_named_and_warned_about(
     # from a process that did not start it (as a run started after it would). The test
     # machine is shared: the loop gets what the scheduler gives it, so any share names it.
     code = (
-        "from envbisect import contention as c; r = c.probe(1.0, min_cores=0.02); "
+        "from envbisect.run import contention as c; r = c.probe(1.0, min_cores=0.02); "
         "print(r.others_cores); print(c.busy_warning(r)); print([b.pid for b in r.top])"
     )
     out = subprocess.run(

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.bisect import SearchOutcome, State, search
-from envbisect.bisect.crashrate import (
+from envbisect.search import SearchOutcome, State, search
+from envbisect.search.crashrate import (
     CrashRate,
     clear_confidence,
     runs_to_clear,
 )
-from envbisect.bisect.search import Event, Outcome
+from envbisect.search.engine import Event, Outcome
 
 UNITS = [f"u{i}" for i in range(8)]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbisect import demo
+from envbisect.run import demo
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envbisect import manifest
 from envbisect.diff import (
     ChangeKind,
     DiffResult,
@@ -19,8 +18,9 @@ from envbisect.diff import (
     diff_manifests,
     is_torch_stack,
 )
-from envbisect.errors import ManifestError, UsageError
-from envbisect.manifest import Manifest
+from envbisect.model import manifest
+from envbisect.model.errors import ManifestError, UsageError
+from envbisect.model.manifest import Manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures" / "diff"
@@ -420,7 +420,7 @@ def test_fact_missing_because_collection_failed_is_no_bisectable_change() -> Non
 
 def test_a_probe_with_a_malformed_module_file_does_not_crash_the_diff() -> None:
     from envbisect.diff import diff_manifests
-    from envbisect.manifest import Manifest
+    from envbisect.model.manifest import Manifest
 
     good = Manifest.from_dict(
         {"schema": "envbisect/manifest@1", "probes": {"m.f": {"status": "original"}}}, "good"

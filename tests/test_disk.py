@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from envbisect.agent import actuate_remote
-from envbisect.bisect.session import Session
-from envbisect.errors import SessionError
+from envbisect.model.errors import SessionError
+from envbisect.model.session import Session
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from envbisect.cli import main
-from envbisect.escape import printable, terminal
+from envbisect.model.escape import printable, terminal
 from tests.helpers_run import manifest
 
 OSC52 = "\x1b]52;c;ZWNobyBwd25lZA==\x07"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from envbisect.diff import Change, ChangeKind, Unit
-from envbisect.explain import file_diff, package_lines
+from envbisect.run.explain import file_diff, package_lines
 
 
 def test_file_diff_is_unified_and_truncated_sensibly() -> None:

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envbisect import probed
-from envbisect.facts import describe, explain, flex_mode, from_drafter
-from envbisect.report import why_lines
-from envbisect.runner import Culprit, RunResult
+from envbisect.model.facts import describe, explain, flex_mode, from_drafter
+from envbisect.render.report import why_lines
+from envbisect.run import probed
+from envbisect.run.runner import Culprit, RunResult
 
 
 def _facts(**over: Any) -> dict[str, Any]:

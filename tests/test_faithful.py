@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from envbisect.bisect.faithful import check_state, compare, expected_facts
-from envbisect.manifest import Manifest
+from envbisect.model.manifest import Manifest
+from envbisect.realize.faithful import check_state, compare, expected_facts
 from envbisect.transport import Transport
 
 

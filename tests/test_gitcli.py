@@ -1,4 +1,4 @@
-"""Host-side git (envbisect.gitcli) and the agent's twin: real git, and a git that hangs."""
+"""Host-side git (envbisect.model.gitcli) and the agent's twin: real git, and a git that hangs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from envbisect import gitcli
 from envbisect.agent import actuate_remote
+from envbisect.model import gitcli
 
 
 def _repo(tmp_path: Path) -> tuple[Path, list[str]]:

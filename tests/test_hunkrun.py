@@ -7,12 +7,12 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envbisect.bisect import Outcome, State, search
-from envbisect.bisect.hunkrun import PURPOSE, HunkSettings, find_hunk
-from envbisect.bisect.verdict import Verdict
-from envbisect.history import UNCOMMITTED, FileVersion, HunkCulprit
-from envbisect.hunks import split
-from envbisect.report import hunk_section, hunk_sentence
+from envbisect.model.history import UNCOMMITTED, FileVersion, HunkCulprit
+from envbisect.model.hunks import split
+from envbisect.render.report import hunk_section, hunk_sentence
+from envbisect.search import Outcome, State, search
+from envbisect.search.hunkrun import PURPOSE, HunkSettings, find_hunk
+from envbisect.search.verdict import Verdict
 
 FILE = "/w/repo/model.py"
 UNIT = f"files:{FILE}"

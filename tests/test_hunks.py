@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from envbisect.errors import EnvBisectError
-from envbisect.hunks import Hunk, HunkError, apply, decode, split
+from envbisect.model.errors import EnvBisectError
+from envbisect.model.hunks import Hunk, HunkError, apply, decode, split
 
 OLD = "a\nb\nc\nd\ne\nf\ng\n"
 NEW = "a\nB\nc\nd\ne2\ne3\nf\n"  # b→B, e→e2 e3, g removed

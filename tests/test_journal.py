@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from envbisect.agent import journal
-from envbisect.bisect.session import FileJournal, Session
-from envbisect.errors import SessionError
+from envbisect.model.errors import SessionError
+from envbisect.model.session import FileJournal, Session
 from tests.helpers_run import manifest, store_blob
 
 
@@ -150,7 +150,7 @@ _HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from envbisect.bisect.session import Session
+    from envbisect.model.session import Session
     s = Session.start(Path(sys.argv[1]), {})
     s.journal.swap(Path(sys.argv[2]), b"swapped by the holder\\n")
     print("swapped", flush=True)
@@ -451,7 +451,7 @@ def test_a_child_forked_by_a_killed_holder_delays_reset_only_until_it_goes(
         """
         import os, signal, sys, time
         from pathlib import Path
-        from envbisect.bisect.session import Session
+        from envbisect.model.session import Session
         s = Session.start(Path(sys.argv[1]), {})
         s.journal.swap(Path(sys.argv[2]), b"swapped\\n")
         if os.fork() == 0:  # the child between fork and exec, holding every fd

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from envbisect.agent import journal
-from envbisect.bisect.session import Session
-from envbisect.errors import SessionError
+from envbisect.model.errors import SessionError
+from envbisect.model.session import Session
 
 USER = "ebt24lock"
 

@@ -16,8 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbisect.errors import ManifestError
-from envbisect.manifest import MAX_BYTES_ENV, SCHEMA, Manifest, load, save
+from envbisect.model.errors import ManifestError
+from envbisect.model.manifest import MAX_BYTES_ENV, SCHEMA, Manifest, load, save
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "manifests"
 
@@ -76,7 +76,7 @@ def test_a_manifest_error_exits_2_with_one_line_from_a_real_process(tmp_path: Pa
         "import sys\n"
         "from envbisect.cli import cli, main\n"
         "import click\n"
-        "from envbisect.manifest import load\n"
+        "from envbisect.model.manifest import load\n"
         "@cli.command('load-probe')\n"
         "@click.argument('path')\n"
         "def _probe(path):\n"
@@ -96,7 +96,7 @@ def test_a_manifest_error_exits_2_with_one_line_from_a_real_process(tmp_path: Pa
 
 
 def test_large_manifest_parse_cache_is_keyed_by_content(tmp_path: Path) -> None:
-    from envbisect import manifest as mf
+    from envbisect.model import manifest as mf
 
     packages = {f"pkg-{i:05d}": {"version": f"1.{i}.0", "installer": "uv"} for i in range(6000)}
     big = mf.Manifest(sections={"meta": {"label": "big"}, "packages": packages})
@@ -116,7 +116,7 @@ def test_large_manifest_parse_cache_is_keyed_by_content(tmp_path: Path) -> None:
 
 
 def test_a_parse_cached_by_the_laxer_loader_does_not_hide_a_duplicate_key(tmp_path: Path) -> None:
-    from envbisect import manifest as mf
+    from envbisect.model import manifest as mf
 
     body = "".join(f"  pkg-{i:05d}: {{version: '1.{i}'}}\n" for i in range(9000))
     path = tmp_path / "dup.yaml"
@@ -132,7 +132,7 @@ def test_a_parse_cached_by_the_laxer_loader_does_not_hide_a_duplicate_key(tmp_pa
 
 
 def test_a_large_json_manifest_is_checked_once_then_read_plainly(tmp_path: Path) -> None:
-    from envbisect import manifest as mf
+    from envbisect.model import manifest as mf
 
     packages = {f"pkg-{i:05d}": {"version": f"1.{i}"} for i in range(9000)}
     path = tmp_path / "big.json"
@@ -337,7 +337,7 @@ def _load_or_refuse(path: Path) -> Manifest | None:
 def _usable(a: Manifest, b: Manifest) -> None:
     """What loads must be usable by the commands that read it: diffed and rendered."""
     from envbisect.diff import diff_manifests
-    from envbisect.render import render
+    from envbisect.render.diff import render
 
     for fmt in ("table", "json", "markdown", "yaml"):
         render(diff_manifests(a, b), fmt)

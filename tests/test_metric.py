@@ -5,8 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.errors import UsageError
-from envbisect.metric import MetricSpec, Threshold, format_ktok, format_tok, measure, parse_ktoks
+from envbisect.model.errors import UsageError
+from envbisect.model.metric import (
+    MetricSpec,
+    Threshold,
+    format_ktok,
+    format_tok,
+    measure,
+    parse_ktoks,
+)
 
 
 @pytest.mark.parametrize(

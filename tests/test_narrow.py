@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from envbisect.bisect.narrow import isolate_hunks
-from envbisect.bisect.verdict import Verdict
+from envbisect.search.narrow import isolate_hunks
+from envbisect.search.verdict import Verdict
 
 G, B, U = Verdict.GOOD, Verdict.BAD, Verdict.UNRESOLVED
 

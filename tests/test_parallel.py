@@ -19,8 +19,8 @@ from helpers_ssh import (  # the same module object as test_transport_ssh's: one
     sshd_server,  # noqa: F401 - a pytest fixture, used by name
 )
 
-from envbisect.bisect.session import Session
 from envbisect.cli import cli, main
+from envbisect.model.session import Session
 from tests.helpers_run import Scenario, pkg
 
 pytestmark = pytest.mark.slow

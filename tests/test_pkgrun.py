@@ -18,11 +18,11 @@ import pytest
 from click.testing import CliRunner
 from packaging.version import Version
 
-from envbisect.bisect.narrow import first_bad
-from envbisect.bisect.pkgrun import ReleaseSearch, _between, _cuda_note
-from envbisect.bisect.verdict import Verdict
-from envbisect.changes import Change, ChangeKind, Unit
 from envbisect.cli import cli
+from envbisect.model.changes import Change, ChangeKind, Unit
+from envbisect.search.narrow import first_bad
+from envbisect.search.pkgrun import ReleaseSearch, _between, _cuda_note
+from envbisect.search.verdict import Verdict
 from envbisect.sections.torch_stack import components, outside_pins
 from tests.helpers_run import SLOWDOWN, Scenario, build_wheel, pkg
 
@@ -292,7 +292,7 @@ def test_stack_components_torch_first_then_triton_cuda_and_the_rest() -> None:
 
 
 def test_cuda_wheels_beside_a_cpu_torch_are_said_even_when_unchanged() -> None:
-    from envbisect.manifest import Manifest
+    from envbisect.model.manifest import Manifest
 
     bad = Manifest.from_dict(
         {

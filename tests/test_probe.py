@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from envbisect.cli import cli
-from envbisect.facts import describe, explain
-from envbisect.probed import bootstrap, probe_command, wrap
+from envbisect.model.facts import describe, explain
+from envbisect.run.probed import bootstrap, probe_command, wrap
 from envbisect.transport import Transport, parse_layer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "probe"

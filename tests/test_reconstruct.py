@@ -23,12 +23,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbisect import manifest as mf
 from envbisect.cli import cli, main
-from envbisect.collect import take_snapshot
-from envbisect.config import Config
-from envbisect.errors import ReconstructError
-from envbisect.reconstruct import AGENT, Confidence, iso, parse_as_of, rebuild
+from envbisect.model import manifest as mf
+from envbisect.model.config import Config
+from envbisect.model.errors import ReconstructError
+from envbisect.snapshot import take_snapshot
+from envbisect.snapshot.reconstruct import AGENT, Confidence, iso, parse_as_of, rebuild
 from envbisect.transport import Transport
 from tests.helpers_run import WORKLOAD, build_wheel, run_workload, simple_index, uv
 
@@ -503,7 +503,7 @@ OLD_PYTHONS = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/py
 
 
 def test_the_history_agent_is_python_38_and_stdlib_only(tmp_path: Path) -> None:
-    from envbisect.agent.bundle import build_bundle
+    from envbisect.transport.bundle import build_bundle
 
     ast.parse(build_bundle(AGENT, {}).source, feature_version=(3, 8))
     if not OLD_PYTHONS:

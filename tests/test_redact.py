@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from envbisect.agent.collector import ENV_PREFIXES
 from envbisect.agent.redact import (
     PLACEHOLDER,
     find_secrets,
@@ -31,7 +32,6 @@ from envbisect.agent.redact import (
     redact_text,
     redact_tree,
 )
-from envbisect.collect.collector import ENV_PREFIXES
 
 ALNUM = string.ascii_letters + string.digits
 B64URL = ALNUM + "-_"

@@ -14,9 +14,9 @@ import click
 import pytest
 import yaml
 
-from envbisect import manifest
 from envbisect.diff import DiffResult, diff_manifests
-from envbisect.render import FORMATS, render, show_value
+from envbisect.model import manifest
+from envbisect.render.diff import FORMATS, render, show_value
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbisect.bisect.session import Session
 from envbisect.cli import cli
+from envbisect.model.session import Session
 from tests.helpers_run import Scenario, pkg
 
 pytestmark = pytest.mark.slow
@@ -91,9 +91,9 @@ def test_env_var_culprit_among_packages_and_files(tmp_path: Path) -> None:
 
 def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path: Path) -> None:
     """Both sides are real snapshots; the user then upgraded a package and touched a file."""
-    from envbisect import manifest as mf
-    from envbisect.collect import take_snapshot
-    from envbisect.config import Config
+    from envbisect.model import manifest as mf
+    from envbisect.model.config import Config
+    from envbisect.snapshot import take_snapshot
     from envbisect.transport import Transport
     from tests.helpers_run import install
 
@@ -752,8 +752,8 @@ def test_log_shows_the_trials_run_showed_one_number_per_state(
         assert len(runs) == len(r["samples"]) + len(r["set_aside_samples"])
     log = CliRunner().invoke(cli, ["log", "--session", str(tmp_path / "session")])
     assert log.exit_code == 0
-    from envbisect.report import trial_table
-    from envbisect.runner import TrialRow
+    from envbisect.render.report import trial_table
+    from envbisect.run.runner import TrialRow
 
     assert trial_table([TrialRow.from_dict(r) for r in rows]) in log.output
     assert trial_table([TrialRow.from_dict(r) for r in rows]) in res.stdout
@@ -764,7 +764,7 @@ def test_log_shows_the_trials_run_showed_one_number_per_state(
 
 
 def test_env_diffs_in_trial_logs_are_redacted_by_name_and_by_value() -> None:
-    from envbisect.runner import env_diff
+    from envbisect.run.runner import env_diff
 
     diff = env_diff(
         {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz123456", "NOTE": "ghp_" + "a" * 36, "X": "1"},

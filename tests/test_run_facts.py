@@ -71,7 +71,7 @@ def test_a_sample_per_logged_step_from_one_process(tmp_path: Path) -> None:
 
 
 def test_default_warmup_drops_the_first_third(tmp_path: Path) -> None:
-    from envbisect.metric import MetricSpec, measure
+    from envbisect.model.metric import MetricSpec, measure
 
     spec = MetricSpec.parse(REGEX)
     log = "".join(f"step {i} | loss 2.0 | {100 + i}.0 Ktok/s\n" for i in range(9)).encode()

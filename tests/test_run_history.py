@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from envbisect.bisect.session import Session
-from envbisect.history import UNCOMMITTED, file_history
+from envbisect.model.history import UNCOMMITTED, file_history
+from envbisect.model.session import Session
 from tests.helpers_history import CULPRIT, History, make_history
 from tests.helpers_run import commit_all, git, init_repo
 

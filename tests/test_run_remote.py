@@ -25,8 +25,8 @@ from helpers_ssh import (  # the same module object as test_transport_ssh's: one
     sshd_server,  # noqa: F401 - a pytest fixture, used by name
 )
 
-from envbisect.bisect.session import Session
 from envbisect.cli import cli
+from envbisect.model.session import Session
 from tests.helpers_run import SLOWDOWN, Scenario, file_entry, pkg, run_workload, store_blob
 
 pytestmark = pytest.mark.slow
@@ -130,7 +130,7 @@ def test_versions_the_target_cannot_get_are_one_message_before_any_trial(
     sshd_server: SshServer,  # noqa: F811 - the fixture imported above
 ) -> None:
     """The pre-check asks the target's own uv (its paths, its network, its cache)."""
-    from envbisect.sources import SourcesMissing
+    from envbisect.model.sources import SourcesMissing
 
     sc = Scenario(tmp_path)
     sc.venv("ebwork==2.0")
@@ -284,7 +284,7 @@ def test_builtin_smoke_gets_the_per_trial_environment_on_the_far_side(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The drafter shipped on stdin sees the state's variables (set and unset) over ssh+pct."""
-    from envbisect.runner import SmokeCommand, run_once
+    from envbisect.run.runner import SmokeCommand, run_once
     from envbisect.transport import Transport
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # here, and unset by the state

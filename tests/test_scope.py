@@ -1,4 +1,4 @@
-"""A manifest says values; envbisect.yaml says what a run may touch (envbisect.scope).
+"""A manifest says values; envbisect.yaml says what a run may touch (envbisect.model.scope).
 
 Each attack is a foreign manifest naming a canary under tmp_path outside the config's paths:
 the run must refuse it with its key, exit 2, one line, before the first trial, and leave the
@@ -19,11 +19,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbisect import scope
-from envbisect.config import Config
 from envbisect.diff import diff_manifests
-from envbisect.guard import check_run, realized_changes
-from envbisect.manifest import Manifest
+from envbisect.model import scope
+from envbisect.model.config import Config
+from envbisect.model.guard import check_run, realized_changes
+from envbisect.model.manifest import Manifest
 from tests.helpers_run import Scenario, manifest, store_blob
 
 
@@ -163,7 +163,7 @@ def test_a_snapshots_own_file_arguments_widen_the_scope_of_its_own_manifest(
 ) -> None:
     """``snapshot --file X`` records X: the user's own manifest may swap X; a foreign
     manifest claiming the same recorded scope may not."""
-    from envbisect import trust
+    from envbisect.model import trust
 
     extra = tmp_path / "extra.cfg"
     extra.write_text("x\n")
@@ -272,7 +272,7 @@ def test_random_manifests_never_plan_a_path_outside_the_config(
     try:
         check_run(CONFIG, g, b, diff, local=False)
     except Exception as exc:  # refused: it must be one of ours, naming a key
-        from envbisect.errors import ScopeError, TrustError
+        from envbisect.model.errors import ScopeError, TrustError
 
         assert isinstance(exc, (ScopeError, TrustError)), exc
         assert "\n" not in str(exc)
@@ -305,7 +305,7 @@ def test_random_manifests_never_plan_a_path_outside_the_config(
 def _plan(g: Manifest, b: Manifest, side: Manifest, diff: Any) -> Any:
     """The realizers' plan of the state where every realized change has ``side``'s value
     (no I/O: facts answered as if every commit, dir and path were there)."""
-    from envbisect.realize import Context, Facts, Sandbox, make_plan
+    from envbisect.realize.plan import Context, Facts, Sandbox, make_plan
 
     facts = Facts(sha256={}, commits={}, revlists={}, dirs={}, exists={})
     ctx = Context(
@@ -337,7 +337,7 @@ def _plan(g: Manifest, b: Manifest, side: Manifest, diff: Any) -> Any:
 
 
 def _default_cache(path: str) -> bool:
-    from envbisect.collect.collector import default_caches
+    from envbisect.agent.collector import default_caches
 
     return any(path.startswith(os.path.abspath(p)) for p, _ in default_caches().values())
 
@@ -347,7 +347,7 @@ def test_the_recorded_scope_of_a_foreign_manifest_counts_for_nothing(tmp_path: P
     signature that claim is ignored (the canary at /etc/passwd-like path is refused)."""
     g = manifest(tmp_path / "g.yaml", meta={"label": "g", "scope": {"files": ["/"]}})
     assert scope.Scope.recorded(Manifest(sections=yaml.safe_load(g.read_text()))).files == ("/",)
-    from envbisect.guard import run_scope
+    from envbisect.model.guard import run_scope
 
     sc = run_scope(CONFIG, [Manifest(sections=yaml.safe_load(g.read_text()))])
     assert not sc.allows("files", "/etc/passwd")

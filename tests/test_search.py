@@ -11,7 +11,7 @@ from helpers_oracle import Oracle, make_oracle, unit_names
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envbisect.bisect import (
+from envbisect.search import (
     Event,
     EventKind,
     Outcome,

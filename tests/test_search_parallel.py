@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 from helpers_oracle import Oracle, make_oracle, unit_names
 
-from envbisect.bisect import Outcome, SearchOutcome, SearchResult, State, Verdict, search
+from envbisect.search import Outcome, SearchOutcome, SearchResult, State, Verdict, search
 
 
 def rounds_bound(n: int, k: int) -> int:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from envbisect import sections
-from envbisect.changes import Change, ChangeKind, Found, read_fields
 from envbisect.diff import SECTION_ORDER, diff_manifests
-from envbisect.manifest import SECTIONS, Manifest
+from envbisect.model.changes import Change, ChangeKind, Found, read_fields
+from envbisect.model.manifest import SECTIONS, Manifest
 from envbisect.sections.caches import CacheEntry
 from envbisect.sections.data import DataEntry
 from envbisect.sections.files import FileEntry

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.bisect.session import FileJournal, Session, TrialRecord, state_key
-from envbisect.errors import SessionError
+from envbisect.model.errors import SessionError
+from envbisect.model.session import FileJournal, Session, TrialRecord, state_key
 
 
 def test_swap_then_restore_puts_bytes_mode_and_mtime_back(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_journal_restores_after_kill_9_of_the_swapping_process(tmp_path: Path) -
         f"""
         import os, signal
         from pathlib import Path
-        from envbisect.bisect.session import Session
+        from envbisect.model.session import Session
         s = Session.start(Path({str(session_dir)!r}), {{"good": "g", "bad": "b"}})
         s.journal.swap(Path({str(f)!r}), b"FAST = False\\n")
         os.kill(os.getpid(), signal.SIGKILL)
@@ -129,7 +129,7 @@ def test_resume_without_session_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_later_sample_batches_of_a_state_are_one_trial(tmp_path: Path) -> None:
     """Found 3: every sample batch was its own numbered trial in the log."""
-    from envbisect.bisect.session import TrialRecord
+    from envbisect.model.session import TrialRecord
 
     s = Session.start(tmp_path / "s", {})
     first = TrialRecord(1, "k1", ("a",), (), (10.0, 11.0), None, "t/001")

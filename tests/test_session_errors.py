@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.bisect.session import Session
+from envbisect.model.session import Session
 
 
 def _envbisect(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:

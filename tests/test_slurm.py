@@ -20,9 +20,9 @@ import yaml
 from click.testing import CliRunner
 from helpers_slurm import SlurmCluster, slurm_cluster  # noqa: F401 - a fixture, used by name
 
-from envbisect.bisect.session import Session
-from envbisect.bisect.slurm import slurm_reason
 from envbisect.cli import cli
+from envbisect.model.session import Session
+from envbisect.run.slurm import slurm_reason
 from tests.helpers_run import Scenario, pkg
 
 # What srun and slurmstepd write when Slurm ends a step (captured from Slurm 22.05 here).

@@ -18,9 +18,10 @@ from helpers_smoke import MICRO, MICRO_FLAGS, run_drafter_process
 
 torch = pytest.importorskip("torch")
 
+from envbisect.agent import drafter  # noqa: E402
 from envbisect.cli import cli  # noqa: E402  (after the torch skip)
-from envbisect.errors import SmokeError  # noqa: E402
-from envbisect.smoke import drafter, host  # noqa: E402
+from envbisect.model.errors import SmokeError  # noqa: E402
+from envbisect.run import smoke as host  # noqa: E402
 from envbisect.transport import Transport  # noqa: E402
 
 
@@ -136,7 +137,7 @@ def test_script_path_runs_without_envbisect_on_path(tmp_path: Path) -> None:
 
 def test_agent_run_frames_result_and_keeps_stdout_line(tmp_path: Path) -> None:
     result = Transport().run_agent(
-        sys.executable, "envbisect.smoke.drafter", micro(), timeout_s=300, log_dir=tmp_path
+        sys.executable, "envbisect.agent.drafter", micro(), timeout_s=300, log_dir=tmp_path
     )
     assert result["ok"] is True
     stdout = b"".join(p.read_bytes() for p in tmp_path.rglob("*stdout*"))

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers_collect import make_repo
 
 from envbisect.cli import cli, main
-from envbisect.manifest import load
+from envbisect.model.manifest import load
 
 PY = sys.executable
 

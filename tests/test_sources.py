@@ -19,9 +19,8 @@ import pytest
 from packaging.version import Version
 
 from envbisect.agent import actuate_remote
-from envbisect.config import Config
-from envbisect.realize import VenvSpec
-from envbisect.sources import (
+from envbisect.model.config import Config
+from envbisect.model.sources import (
     Need,
     SourceError,
     Sources,
@@ -30,6 +29,7 @@ from envbisect.sources import (
     missing_needs,
     uv_args,
 )
+from envbisect.realize.plan import VenvSpec
 from tests.helpers_run import build_wheel, make_venv, simple_index, tree_hashes, uv
 
 
@@ -329,10 +329,10 @@ def test_a_target_without_bytecode_gets_it_in_the_overlay_not_in_the_target(
 def test_the_target_state_itself_runs_in_an_empty_overlay_when_the_target_lacks_bytecode(
     tmp_path: Path,
 ) -> None:
-    from envbisect import manifest as mf
-    from envbisect.bisect.actuate import Actuator
-    from envbisect.bisect.session import Session
     from envbisect.diff import diff_manifests
+    from envbisect.model import manifest as mf
+    from envbisect.model.session import Session
+    from envbisect.realize.actuate import Actuator
     from tests.helpers_run import manifest, pkg
 
     wheels = tmp_path / "wheels"

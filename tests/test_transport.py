@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from envbisect.commands.common import composed_command, resolve_target
-from envbisect.errors import ConfigError, TransportError, UsageError
+from envbisect.model.errors import ConfigError, TransportError, UsageError
 from envbisect.transport import (
     MAX_ARG_BYTES,
     Layer,
@@ -445,7 +445,7 @@ def test_a_missing_first_program_is_a_transport_error(tmp_path: Path) -> None:
 
 
 def _config(tmp_path: Path, targets: dict[str, object]) -> object:
-    from envbisect.config import Config
+    from envbisect.model.config import Config
 
     return Config.from_mapping({"targets": targets}, tmp_path / "envbisect.yaml")
 
@@ -490,7 +490,7 @@ def test_resolve_target_errors_name_the_file_and_the_target(tmp_path: Path) -> N
 def test_print_command_output_pasted_into_a_shell_runs_the_agent(
     shell: str, tmp_path: Path
 ) -> None:
-    from envbisect.agent.bundle import build_bundle, find_frame
+    from envbisect.transport.bundle import build_bundle, find_frame
 
     transport = Transport.from_specs(["sh -c", f"{fake('pct')} exec 200", "env A='x y'"])
     line = composed_command(transport, sys.executable)

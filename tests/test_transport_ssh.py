@@ -27,9 +27,9 @@ from helpers_ssh import (
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from envbisect.agent.bundle import build_bundle, find_frame
-from envbisect.errors import TransportError
+from envbisect.model.errors import TransportError
 from envbisect.transport import MAX_ARG_BYTES, Transport
+from envbisect.transport.bundle import build_bundle, find_frame
 
 pytestmark = pytest.mark.ssh
 
@@ -228,8 +228,8 @@ def test_snapshot_through_ssh_and_fake_pct_equals_a_local_snapshot(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from envbisect.collect import take_snapshot
-    from envbisect.config import Config
+    from envbisect.model.config import Config
+    from envbisect.snapshot import take_snapshot
 
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -280,8 +280,8 @@ def test_snapshot_survives_a_10_mb_flood_before_the_agent(
     sshd_server: SshServer,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    from envbisect.collect import take_snapshot
-    from envbisect.config import Config
+    from envbisect.model.config import Config
+    from envbisect.snapshot import take_snapshot
 
     config = Config.from_mapping({}, tmp_path / "envbisect.yaml")
     quiet = Transport.from_specs([sshd_server.via])

@@ -1,4 +1,4 @@
-"""Foreign manifests are reviewed, own ones are not (envbisect.trust); git without side
+"""Foreign manifests are reviewed, own ones are not (envbisect.model.trust); git without side
 effects. Each attack plants a canary that the attacker's code would create."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from envbisect import trust
 from envbisect.cli import cli, main
-from envbisect.errors import TrustError
-from envbisect.manifest import Manifest
+from envbisect.model import trust
+from envbisect.model.errors import TrustError
+from envbisect.model.manifest import Manifest
 from tests.helpers_run import Scenario, commit_all, git, store_blob
 
 
@@ -280,7 +280,7 @@ def test_a_repo_git_refuses_as_unsafe_is_said_as_such(tmp_path: Path) -> None:
     out = actuate_remote.op_inspect({"commits": [[str(repo), head]]})
     assert out["commits"] == [False]
     assert "dubious ownership" in out["unsafe"][str(repo)]
-    from envbisect.realize import Facts
+    from envbisect.realize.plan import Facts
     from envbisect.sections.git import GitRealizer
 
     facts = Facts.from_answer(

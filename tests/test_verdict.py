@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from envbisect.bisect.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
+from envbisect.search.verdict import Judge, Noise, Verdict, default_threshold, median, ratio
 
 
 def lognormal(rng: random.Random, centre: float, cv: float, n: int) -> list[float]:

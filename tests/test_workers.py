@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from envbisect.bisect.search import Outcome, State
-from envbisect.bisect.workers import (
+from envbisect.model.config import Config
+from envbisect.model.errors import ConfigError, UsageError, WorkerError
+from envbisect.run.workers import (
     MAX_SKEW,
     Worker,
     WorkerPool,
@@ -20,8 +21,7 @@ from envbisect.bisect.workers import (
     slot_workers,
     visible_gpus,
 )
-from envbisect.config import Config
-from envbisect.errors import ConfigError, UsageError, WorkerError
+from envbisect.search.engine import Outcome, State
 
 
 def test_workers_count_parses_numbers_and_auto() -> None:

@@ -34,14 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import contextlib
 
-from envbisect.demo import FIELD_PATCH, FIXTURE, _git, _write_prompts  # noqa: E402
+from envbisect.run.demo import FIELD_PATCH, FIXTURE, _git, _write_prompts  # noqa: E402
 
 SMOKE = [
-    "-m", "envbisect.smoke.drafter", "--preset", "h200", "--layers", "1",
+    "-m", "envbisect.agent.drafter", "--preset", "h200", "--layers", "1",
     "--seq-len", "1024", "--anchors", "64", "--warmup", "3", "--steps", "8",
 ]  # fmt: skip
 if os.environ.get("GPU_BISECT_SMOKE"):  # a plumbing check of this script on a CPU
-    SMOKE = ["-m", "envbisect.smoke.drafter", *shlex.split(os.environ["GPU_BISECT_SMOKE"])]
+    SMOKE = ["-m", "envbisect.agent.drafter", *shlex.split(os.environ["GPU_BISECT_SMOKE"])]
 THRESHOLD_FRACTION = 0.7
 
 

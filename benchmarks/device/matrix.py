@@ -2,7 +2,7 @@
 
 Usage: python3 benchmarks/device/matrix.py OUTDIR NAME [NAME ...]   (run from the repo root)
 
-Each configuration is a fresh process (``python3 -m envbisect.smoke.drafter``) with its own
+Each configuration is a fresh process (``python3 -m envbisect.agent.drafter``) with its own
 flags and environment, so env knobs (TORCH_COMPILE_DISABLE, PYTORCH_CUDA_ALLOC_CONF, a cold
 TORCHINDUCTOR_CACHE_DIR) act as they do in the field. Results are appended to
 OUTDIR/results.jsonl (one object per run, with the name, argv, env and wall time); stderr of
@@ -91,7 +91,7 @@ for unit in ("layer", "model"):
 def _write_field_patch() -> None:
     """The demo's model file with the field's hand patch appended (the demo's bad state)."""
     sys.path.insert(0, "src")
-    from envbisect.demo import FIELD_PATCH
+    from envbisect.run.demo import FIELD_PATCH
 
     os.makedirs(os.path.dirname(FIELD_PATCH_FILE), exist_ok=True)
     with open("fixtures/demo/repo/dflash_model.py") as fh:
@@ -152,7 +152,7 @@ def _run_config(name: str, out_dir: str, timeout: float) -> tuple[int | str, dic
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", WARM)
     env.update(env_over)
     env["ENVBISECT_RESULT"] = os.path.join("/tmp", f"smoke-{name}.json")
-    argv_run = [sys.executable, "-Xfaulthandler", "-m", "envbisect.smoke.drafter", *args]
+    argv_run = [sys.executable, "-Xfaulthandler", "-m", "envbisect.agent.drafter", *args]
     with open(os.path.join(out_dir, "runs.log"), "a") as log:
         log.write(f"\n===== {name}: {env_over} {args}\n")
         log.flush()

@@ -99,7 +99,7 @@ def write_data(out: str) -> tuple[str, str]:
 def write_patch() -> None:
     """The demo's model file with the field's hand patch appended (as matrix.py does)."""
     sys.path.insert(0, "src")
-    from envbisect.demo import FIELD_PATCH
+    from envbisect.run.demo import FIELD_PATCH
 
     os.makedirs(os.path.dirname(PATCH_FILE), exist_ok=True)
     with open("fixtures/demo/repo/dflash_model.py") as fh:
@@ -140,7 +140,7 @@ class Runner:
         env["TORCHINDUCTOR_CACHE_DIR"] = cache
         result_file = os.path.join(CACHES, f"result-{self.seq}.json")
         env["ENVBISECT_RESULT"] = result_file
-        argv = [sys.executable, "-Xfaulthandler", "-m", "envbisect.smoke.drafter", *args]
+        argv = [sys.executable, "-Xfaulthandler", "-m", "envbisect.agent.drafter", *args]
         return argv, env, result_file
 
     def run(self, job: Job) -> None:

@@ -50,7 +50,7 @@ def main() -> int:
         "--python", sys.executable, "--session", str(work / "session"),
         "--repeats", args.repeats, "--timeout", "300",
         "--json", str(args.out / "run.json"), "--report", str(args.out / "report.md"),
-        "--", sys.executable, "-m", "envbisect.smoke.drafter", "--preset", args.preset,
+        "--", sys.executable, "-m", "envbisect.agent.drafter", "--preset", args.preset,
         "--no-compile", "--steps", args.steps, "--warmup", "2",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in bad_env}

@@ -13,7 +13,7 @@ import click
 
 from envbisect import __version__
 from envbisect.commands import check, demo, diff, log, probe, reset, run, smoke, snapshot
-from envbisect.errors import EnvBisectError
+from envbisect.model.errors import EnvBisectError
 
 EPILOG = """\
 \b
@@ -54,7 +54,7 @@ for _command in (
 
 
 def printable(value: object) -> str:
-    from envbisect.escape import printable as escaped
+    from envbisect.model.escape import printable as escaped
 
     return escaped(value)
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envbisect import sections as registry
-from envbisect.changes import (
+from envbisect.model.changes import (
     VOLATILE_KEYS,
     VOLATILE_REASON,
     Change,
@@ -66,8 +66,8 @@ from envbisect.changes import (
     Unit,
     compare_versions,
 )
-from envbisect.errors import UsageError
-from envbisect.manifest import Manifest
+from envbisect.model.errors import UsageError
+from envbisect.model.manifest import Manifest
 from envbisect.sections import DiffContext
 from envbisect.sections.git import COMMITTED_NOTE, repo_of
 from envbisect.sections.torch_stack import is_torch_stack

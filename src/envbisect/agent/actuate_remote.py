@@ -41,7 +41,7 @@ import sys
 
 from envbisect.agent import journal
 
-# Shipped with this module by the bundle (see envbisect.agent.bundle).
+# Shipped with this module by the bundle (see envbisect.transport.bundle).
 AGENT_REQUIRES = ("envbisect.agent.journal",)
 
 READY = ".envbisect-ready"
@@ -163,7 +163,7 @@ GIT_TIMEOUT_S = 60  # a query (cat-file, rev-list, prune); a worktree add gets l
 
 
 def _git(repo, *args, timeout=GIT_TIMEOUT_S):
-    # A stdlib twin of envbisect.gitcli.run: envbisect is not installed on a target.
+    # A stdlib twin of envbisect.model.gitcli.run: envbisect is not installed on a target.
     argv = ["git", "-C", repo] + list(NO_SIDE_EFFECTS) + list(args)
     try:
         return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
@@ -266,7 +266,7 @@ def _install(params, uv, run):
     for source_args, install in groups:
         if not install:
             continue
-        # The host's envbisect.sources.uv_args: indexes, find-links, strategy, offline.
+        # The host's envbisect.model.sources.uv_args: indexes, find-links, strategy, offline.
         argv = uv + ["pip", "install", "--no-deps", "--compile-bytecode"]
         argv += ["--python", os.path.join(venv, "bin", "python")] + list(source_args)
         code, text, log = run(argv + list(install), "build-install")

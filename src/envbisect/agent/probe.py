@@ -1,6 +1,6 @@
 """The probe: rides along inside a user's Python program (stdlib only, 3.8+ syntax).
 
-The host (``envbisect.probed``) turns ``python [opts] train.py ARGS`` into ``python [opts] -c
+The host (``envbisect.run.probed``) turns ``python [opts] train.py ARGS`` into ``python [opts] -c
 BOOT train.py ARGS``, where BOOT executes this module's source and calls ``main()``. ``main``
 installs its hooks, then runs the program the way the interpreter would have: a script with
 ``__name__ == "__main__"``, ``__file__`` absolute, ``sys.argv`` as typed and the script's
@@ -376,7 +376,7 @@ def _install():
 
 
 def facts():
-    """What the probe knows now, in the shared fact schema (see ``envbisect.facts``)."""
+    """What the probe knows now, in the shared fact schema (see ``envbisect.model.facts``)."""
     out = {"schema": SCHEMA, "source": "probe", "torch": None}
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -1,7 +1,7 @@
 """What counts as a secret, and how it is kept off disk: one implementation for both sides.
 
 Stdlib only, Python 3.8+ syntax: the snapshot collector ships this module to the target
-Python (see ``AGENT_REQUIRES`` in ``envbisect.collect.collector``), and the host imports it
+Python (see ``AGENT_REQUIRES`` in ``envbisect.agent.collector``), and the host imports it
 for everything it writes itself (diffs, session log, reports, JSON, trial logs).
 
 Two rules, by **name** and by **value shape**:

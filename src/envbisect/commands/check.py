@@ -23,7 +23,7 @@ from envbisect.commands.common import (
 )
 
 if TYPE_CHECKING:
-    from envbisect.runner import CheckResult
+    from envbisect.run.runner import CheckResult
 
 
 @click.command("check", context_settings={"ignore_unknown_options": True})
@@ -61,8 +61,8 @@ def command(
     --metric-regex. Without CMD, the smoke: command of envbisect.yaml, else the built-in
     drafter smoke test, runs in --python.
     """
-    from envbisect.errors import UsageError
-    from envbisect.runner import check
+    from envbisect.model.errors import UsageError
+    from envbisect.run.runner import check
 
     config = load_config(config_path)
     goal = resolve_threshold(until_ktoks, until, config, relative=False)
@@ -98,7 +98,7 @@ def command(
 
 def _echo_verdict(result: CheckResult) -> None:
     """The verdict on stdout; a note on stderr when it sits inside the noise."""
-    from envbisect.metric import format_tok
+    from envbisect.model.metric import format_tok
 
     if result.verdict == "skip":
         click.echo(f"cannot test: {result.failure}; logs in {result.log_dir}")

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from envbisect.errors import TransportError
+from envbisect.model.errors import TransportError
 
 if TYPE_CHECKING:
-    from envbisect.config import Config
-    from envbisect.metric import Threshold
-    from envbisect.runner import SmokeCommand
+    from envbisect.model.config import Config
+    from envbisect.model.metric import Threshold
+    from envbisect.run.runner import SmokeCommand
     from envbisect.transport import Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -66,7 +66,7 @@ def config_option(func: F) -> F:
 
 def load_config(config_path: str | None) -> Config:
     """The envbisect.yaml given by ``--config``, else the one found from the current directory."""
-    from envbisect.config import Config
+    from envbisect.model.config import Config
 
     return Config.load(Path(config_path) if config_path else None)
 
@@ -89,7 +89,7 @@ def session_root(config: Config, session_dir: str | None) -> Path:
 def seconds(ctx: click.Context, param: click.Parameter, value: Any) -> float:
     """Callback of every ``--timeout``: a positive, finite number of seconds, else one
     UsageError line (nan, inf, 0 and negatives would never end a run or end it at once)."""
-    from envbisect.errors import UsageError
+    from envbisect.model.errors import UsageError
 
     name = param.opts[0] if param.opts else "--timeout"
     try:
@@ -161,8 +161,8 @@ def resolve_threshold(
 ) -> Threshold:
     """The threshold and where it came from: --until-ktoks / --until, else envbisect.yaml's
     ``threshold:``, else none (``Threshold()``: the engine's default)."""
-    from envbisect.errors import UsageError
-    from envbisect.metric import Threshold, parse_ktoks
+    from envbisect.model.errors import UsageError
+    from envbisect.model.metric import Threshold, parse_ktoks
 
     if until_ktoks is not None and until is not None:
         raise UsageError("--until-ktoks and --until exclude each other: give one")
@@ -190,9 +190,9 @@ def smoke_command(
     first ``warmup_lines``); a Python command under the probe unless ``no_probe``."""
     import dataclasses
 
-    from envbisect.errors import UsageError
-    from envbisect.metric import MetricSpec
-    from envbisect.runner import SmokeCommand
+    from envbisect.model.errors import UsageError
+    from envbisect.model.metric import MetricSpec
+    from envbisect.run.runner import SmokeCommand
 
     regex = metric_regex or getattr(config, "metric_regex", None)
     if warmup_lines is not None and not regex:
@@ -221,7 +221,7 @@ def resolve_target(
     the default is ``python3`` on the target's PATH. Every layer is checked before anything
     runs (TransportError naming the layer).
     """
-    from envbisect.errors import ConfigError, UsageError
+    from envbisect.model.errors import ConfigError, UsageError
     from envbisect.transport import Transport
 
     if via and target_name:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from envbisect import demo
-from envbisect.errors import EnvBisectError
+from envbisect.model.errors import EnvBisectError
+from envbisect.run import demo
 
 
 def _say(text: str) -> None:

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import click
 
 from envbisect.commands.common import config_option, load_config, resolve_target, target_options
-from envbisect.errors import UsageError
+from envbisect.model.errors import UsageError
 
 if TYPE_CHECKING:
-    from envbisect.trust import Review
+    from envbisect.model.trust import Review
 
 FORMATS = ("table", "markdown", "json", "yaml")
 
@@ -64,12 +64,12 @@ def command(
     envbisect.yaml, --python, --via/--target). Exit status like diff(1): 0 identical,
     1 different, 2 error.
     """
-    from envbisect import manifest
     from envbisect.diff import diff_manifests
-    from envbisect.escape import terminal
-    from envbisect.guard import indexes
-    from envbisect.render import render
-    from envbisect.trust import diff_review
+    from envbisect.model import manifest
+    from envbisect.model.escape import terminal
+    from envbisect.model.guard import indexes
+    from envbisect.model.trust import diff_review
+    from envbisect.render.diff import render
 
     good_manifest = manifest.load(good)
     if bad is not None:
@@ -77,7 +77,7 @@ def command(
             raise UsageError("--print-command prints the snapshot command: give only GOOD")
         bad_manifest = manifest.load(bad)
     else:
-        from envbisect.collect import take_snapshot
+        from envbisect.snapshot import take_snapshot
 
         config = load_config(config_path)
         transport, target_python = resolve_target(config, python, via, target_name)

@@ -40,13 +40,13 @@ def command(
     and warnings did. The program's output is kept in the log directory. Exit status: the
     program's (0 when it succeeded, 1 otherwise).
     """
-    from envbisect.facts import describe
-    from envbisect.probed import probe_command, shown
+    from envbisect.model.facts import describe
+    from envbisect.run.probed import probe_command, shown
 
     config = load_config(config_path)
     transport, py = resolve_target(config, python, via, target_name)
     if print_command:
-        from envbisect.probed import wrap
+        from envbisect.run.probed import wrap
 
         click.echo(" ".join(shown(transport.compose(list(wrap(argv, py).argv)))))
         return 0

@@ -15,14 +15,14 @@ def command(session_dir: str | None, config_path: str | None) -> int:
 
     The session's log and trial logs stay, so 'envbisect log' still shows what was measured.
     """
-    from envbisect.bisect.session import Session
-    from envbisect.escape import printable
+    from envbisect.model.escape import printable
+    from envbisect.model.session import Session
 
     root = session_root(load_config(config_path), session_dir)
     session = Session.existing(root)
     session.lock()  # refuses while a live envbisect process still uses it
     done = session.reset()
-    from envbisect.bisect.actuate import reset_remote
+    from envbisect.realize.actuate import reset_remote
 
     for line in reset_remote(session):  # a remote target's journal, worktrees and venvs
         click.echo(printable(line))

@@ -29,10 +29,10 @@ from envbisect.commands.common import (
 )
 
 if TYPE_CHECKING:
-    from envbisect.config import Config
-    from envbisect.metric import Threshold
-    from envbisect.reconstruct import Reconstruction
-    from envbisect.runner import RunOptions, RunResult, SmokeCommand
+    from envbisect.model.config import Config
+    from envbisect.model.metric import Threshold
+    from envbisect.run.runner import RunOptions, RunResult, SmokeCommand
+    from envbisect.snapshot.reconstruct import Reconstruction
     from envbisect.transport import Transport
 
 
@@ -154,13 +154,13 @@ def command(**flags: Any) -> int:
     culprit found, 1 no single culprit, 2 bad input, 130 interrupted (resume with
     --resume; clean up with reset).
     """
-    from envbisect import report
     from envbisect.agent.redact import redact_text
-    from envbisect.errors import UsageError
-    from envbisect.escape import terminal
-    from envbisect.manifest import check_writable
-    from envbisect.reconstruct import parse_as_of
-    from envbisect.runner import good_command_line, validate_options
+    from envbisect.model.errors import UsageError
+    from envbisect.model.escape import terminal
+    from envbisect.model.manifest import check_writable
+    from envbisect.render import report
+    from envbisect.run.runner import good_command_line, validate_options
+    from envbisect.snapshot.reconstruct import parse_as_of
 
     args = RunFlags(**flags)
     when = parse_as_of(args.good_as_of) if args.good_as_of else None
@@ -264,8 +264,8 @@ class RunFlags:
         smoke: SmokeCommand,
     ) -> RunOptions:
         """The run these flags ask for (the workers resolved on ``target``)."""
-        from envbisect.bisect.workers import resolve as resolve_workers
-        from envbisect.runner import RunOptions
+        from envbisect.run.runner import RunOptions
+        from envbisect.run.workers import resolve as resolve_workers
 
         transport, py = target
         repeats = self.repeats if self.repeats is not None else (config.repeats or 3)
@@ -315,8 +315,8 @@ def _reconstruct_good(
 ) -> tuple[Reconstruction, Path]:
     """The good state rebuilt for ``when``, written to ``manifests_dir``; what it cannot know
     is said before the first trial."""
-    from envbisect.collect import write_snapshot
-    from envbisect.reconstruct import snapshot_as_of, summary
+    from envbisect.snapshot import write_snapshot
+    from envbisect.snapshot.reconstruct import snapshot_as_of, summary
 
     transport, py = target
     rec = snapshot_as_of(config, transport, py, when, label="good", timeout_s=min(timeout_s, 300))
@@ -333,10 +333,10 @@ def _reconstructed_earlier(
 ) -> tuple[Reconstruction, Path]:
     """On --resume, the good state the session was started with: rebuilding it now could
     read a history that moved on since."""
-    from envbisect.bisect.session import Session
-    from envbisect.errors import UsageError
-    from envbisect.manifest import load
-    from envbisect.reconstruct import Reconstruction
+    from envbisect.model.errors import UsageError
+    from envbisect.model.manifest import load
+    from envbisect.model.session import Session
+    from envbisect.snapshot.reconstruct import Reconstruction
 
     header = Session(session_dir).header() or {}
     if not header.get("good"):
@@ -352,7 +352,7 @@ def _with_reconstruction_notes(
 ) -> RunResult:
     """Notes on a reconstructed good state: what it took as today's or cold, and, when the
     good state was not fast, the doubtful facts as the likely reason."""
-    from envbisect.reconstruct import iso
+    from envbisect.snapshot.reconstruct import iso
 
     doubtful = rec.doubtful()
     notes = [
@@ -372,8 +372,8 @@ def _with_reconstruction_notes(
 
 def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path | None) -> str:
     """The target interpreter: ``--python`` (or the target's) resolved once, else the one
-    the manifests recorded (``envbisect.interpreter``)."""
-    from envbisect import interpreter
+    the manifests recorded (``envbisect.model.interpreter``)."""
+    from envbisect.model import interpreter
 
     local = not transport.layers
     bad = Path(args.bad) if args.bad else None
@@ -385,7 +385,7 @@ def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path | Non
 
 def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
     """``run_bisect`` with SIGTERM and SIGHUP taking Ctrl-C's path."""
-    from envbisect.runner import run_bisect
+    from envbisect.run.runner import run_bisect
 
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -397,9 +397,9 @@ def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
 
 def _write_outputs(result: RunResult, json_path: str | None, report_path: str | None) -> None:
     """``--json`` (``-``: stdout) and ``--report``."""
-    from envbisect import report
-    from envbisect.escape import terminal
-    from envbisect.manifest import atomic_write_text
+    from envbisect.model.escape import terminal
+    from envbisect.model.manifest import atomic_write_text
+    from envbisect.render import report
 
     if json_path == "-":
         sys.stdout.write(report.render_json(result))

@@ -9,13 +9,13 @@ from typing import Any
 import click
 
 from envbisect.commands.common import config_option, resolve_target, seconds, target_options
-from envbisect.smoke.host import ATTN_BACKENDS, PRESETS
+from envbisect.run.smoke import ATTN_BACKENDS, PRESETS
 
 
 def _load_config(config_path: str | None) -> Any:
     """The envbisect.yaml config, or None where the config module is not available."""
     try:
-        from envbisect.config import Config
+        from envbisect.model.config import Config
     except ImportError:
         return None
     return Config.load(Path(config_path) if config_path else None)
@@ -113,7 +113,7 @@ def command(
     2 bad input.
     """
     from envbisect.commands.common import composed_command
-    from envbisect.smoke.host import build_params, parse_env, run_smoke, summary_lines
+    from envbisect.run.smoke import build_params, parse_env, run_smoke, summary_lines
 
     config = _load_config(config_path)
     transport, target_python = resolve_target(config, python, via, target_name)

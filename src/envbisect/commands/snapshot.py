@@ -79,9 +79,9 @@ def command(
     The collector runs inside the target Python (--python, through any --via layers) and
     never imports torch. A summary goes to stderr; the manifest path to stdout.
     """
-    from envbisect.collect import summary, take_snapshot, write_snapshot
-    from envbisect.reconstruct import parse_as_of, snapshot_as_of
-    from envbisect.reconstruct import summary as reconstructed_summary
+    from envbisect.snapshot import summary, take_snapshot, write_snapshot
+    from envbisect.snapshot.reconstruct import parse_as_of, snapshot_as_of
+    from envbisect.snapshot.reconstruct import summary as reconstructed_summary
 
     when = parse_as_of(as_of) if as_of is not None else None  # a bad date costs nothing
     config = load_config(config_path).with_overrides(

@@ -5,10 +5,10 @@ how its entries are read (a small frozen entry type), compared and described (``
 how its changes become units (``unit``, ``refine``, and for sections whose rules span
 several changes ``claim`` and ``regroup``) and why one is not bisectable (``reason``).
 A bisectable section's module also holds its realizer (``realizer``): how a state's value
-of the section is realized in a trial, as a part of a plan (``envbisect.realize``, no I/O),
+of the section is realized in a trial, as a part of a plan (``envbisect.realize.plan``, no I/O),
 which the actuator's executor carries out locally or on a remote target. ``diff``, the
 blocker and the plan builder walk this registry instead of ``if section == ...`` chains.
-The collectors stay in the stdlib-only agent (``envbisect.collect.collector``), one
+The collectors stay in the stdlib-only agent (``envbisect.agent.collector``), one
 ``collect_<section>`` each.
 
 Adding a section: a new module here with its Section subclass (and its test file); the
@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from envbisect.changes import (
+from envbisect.model.changes import (
     Change,
     EntryPair,
     Found,
@@ -35,10 +35,10 @@ from envbisect.changes import (
     error_of,
     scalar_change,
 )
-from envbisect.manifest import Manifest
+from envbisect.model.manifest import Manifest
 
 if TYPE_CHECKING:
-    from envbisect.realize import Realizer
+    from envbisect.realize.plan import Realizer
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from envbisect.changes import EntryPair, Found, Unit, human_bytes
-from envbisect.realize import CacheDir, Context, FactQuery, Plan, Sandbox, Values
+from envbisect.model.changes import EntryPair, Found, Unit, human_bytes
+from envbisect.realize.plan import CacheDir, Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
 CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}

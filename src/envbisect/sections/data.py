@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envbisect.changes import (
+from envbisect.model.changes import (
     METADATA_NOTE,
     Change,
     EntryPair,
@@ -20,7 +20,7 @@ from envbisect.changes import (
     read_fields,
     strip_volatile,
 )
-from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
+from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envbisect.changes import METADATA_NOTE, ChangeKind, EntryPair, Found, Unit
-from envbisect.realize import Context, FactQuery, Plan, Sandbox, Swap, Values
+from envbisect.model.changes import METADATA_NOTE, ChangeKind, EntryPair, Found, Unit
+from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Swap, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
 NO_CONTENT_REASON = (

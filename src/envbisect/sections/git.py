@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envbisect.changes import (
+from envbisect.model.changes import (
     METADATA_NOTE,
     Change,
     ChangeKind,
@@ -24,7 +24,7 @@ from envbisect.changes import (
     Unit,
     count,
 )
-from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values
+from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 from envbisect.sections.files import NO_CONTENT_REASON
 
@@ -122,7 +122,7 @@ class GitRealizer:
             with contextlib.suppress(ValueError):
                 mapped = Path(path) / sandbox.origin.relative_to(repo)
         # Run from outside every repo, the command runs where it was typed (its paths into
-        # the repo are mapped, see envbisect.argvmap). A remote target has no such place:
+        # the repo are mapped, see envbisect.model.argvmap). A remote target has no such place:
         # there a single repo's worktree is where it runs.
         if mapped is None and len(worktrees) == 1 and not sandbox.local:
             mapped = Path(worktrees[0][2])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from envbisect.changes import (
+from envbisect.model.changes import (
     VOLATILE_KEYS,
     VOLATILE_REASON,
     Change,

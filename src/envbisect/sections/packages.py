@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
-from envbisect.changes import (
+from envbisect.model.changes import (
     VOLATILE_KEYS,
     ChangeKind,
     EntryPair,
     Found,
     compare_versions,
 )
-from envbisect.failure import Failure
-from envbisect.realize import Context, FactQuery, Plan, Sandbox, Values, VenvSpec
+from envbisect.model.failure import Failure
+from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values, VenvSpec
 from envbisect.sections import KeyedSection, register
 
 if TYPE_CHECKING:
-    from envbisect.bisect.actuate import TargetEnv
+    from envbisect.realize.actuate import TargetEnv
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envbisect.changes import METADATA_NOTE, EntryPair, Found, Unit, read_fields, strip_volatile
+from envbisect.model.changes import (
+    METADATA_NOTE,
+    EntryPair,
+    Found,
+    Unit,
+    read_fields,
+    strip_volatile,
+)
 from envbisect.sections import DiffContext, KeyedSection, register
 
 

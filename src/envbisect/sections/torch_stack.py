@@ -20,7 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from envbisect.changes import VOLATILE_KEYS, Change, Found, Unit
+from envbisect.model.changes import VOLATILE_KEYS, Change, Found, Unit
 from envbisect.sections import Section, register
 
 _TORCH_STACK_NAMES = frozenset(

@@ -1,0 +1,353 @@
+"""Reading a throughput from what a smoke or user command left behind.
+
+A run reports tokens per second in one of four ways, tried in this order:
+
+1. the file named by the env var ``ENVBISECT_RESULT`` (set by envbisect per run): JSON;
+2. the framed agent channel (the built-in smoke test shipped with ``Transport.run_agent``);
+3. the last ``ENVBISECT_RESULT {json}`` line on stdout;
+4. ``--metric-regex``: a regular expression with one group holding the number, whose unit is
+   read from the text right after the group (``"([0-9.]+) Ktok/s"`` → ×1000). A training
+   log prints a throughput per step: every matched line after the first W (``--warmup-lines
+   W``; default: the first third are warm-up) is one sample, so one process gives a trial
+   all its samples, as the built-in drafter's timed windows do; the run's figure is their
+   median.
+
+The JSON form is the smoke result: ``{"ok": bool, "tok_per_s": float|null, "error":
+{"class", "message"}|null, ...}``. Whatever cannot give a number becomes a ``failure``
+string (``crash: ...``, ``timeout``, ``oom: ...``, ``no metric: ...``) so a trial can be
+judged per ``--on-crash``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbisect.model.errors import UsageError
+from envbisect.model.failure import Failure
+
+# How many timed windows a trial asks one run for (the built-in drafter reads it; any smoke
+# command may, and report them as a ``samples`` list in its result).
+SAMPLES_ENV = "ENVBISECT_SAMPLES"
+RESULT_ENV = "ENVBISECT_RESULT"
+RESULT_LINE = re.compile(rb"^ENVBISECT_RESULT (\{.*\})\s*$", re.MULTILINE)
+
+_UNIT_AFTER_GROUP = re.compile(r"\)\s*(?:\\s[*+?]?|\s|\\ )*([KkMm]?tok(?:en)?s?/s(?:ec)?)")
+
+_OOM_MARKERS = (
+    b"CUDA out of memory",
+    b"OutOfMemoryError",
+    b"MemoryError",
+    b"Cannot allocate memory",
+    b"out of memory",
+)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How to read a throughput from a command that only logs text."""
+
+    pattern: re.Pattern[str]
+    scale: float
+    unit: str
+    warmup: int | None = None  # matched lines dropped as warm-up (None: the first third)
+
+    @classmethod
+    def parse(cls, regex: str) -> MetricSpec:
+        """``"([0-9.]+) Ktok/s"`` → a spec scaling by 1000; the unit must follow the group."""
+        try:
+            pattern = re.compile(regex)
+        except re.error as exc:
+            raise UsageError(f"--metric-regex {regex!r}: not a regular expression: {exc}") from None
+        if pattern.groups < 1:
+            raise UsageError(f"--metric-regex {regex!r}: needs one group around the number")
+        found = _UNIT_AFTER_GROUP.search(regex)
+        if found is None:
+            raise UsageError(
+                f"--metric-regex {regex!r}: put the unit right after the number group, "
+                "e.g. '([0-9.]+) Ktok/s' or '([0-9.]+) tok/s'"
+            )
+        unit = found.group(1)
+        scale = {"k": 1e3, "m": 1e6}.get(unit[0].lower(), 1.0)
+        return cls(pattern=pattern, scale=scale, unit=unit)
+
+    def read(self, text: str) -> float | None:
+        """tok/s from the last match in ``text``, or None."""
+        values = self.values(text)
+        return values[-1] if values else None
+
+    def values(self, text: str) -> list[float]:
+        """tok/s of every match in ``text``, in order."""
+        out: list[float] = []
+        for match in self.pattern.finditer(text):
+            raw = match.group(1).replace(",", "").replace("_", "")
+            try:
+                out.append(float(raw) * self.scale)
+            except ValueError:
+                continue
+        return out
+
+    def samples(self, text: str) -> list[float]:
+        """One sample per match after the first ``warmup`` (None: the first third, rounded
+        down); a log with no more matches than that gives its last one."""
+        values = self.values(text)
+        skip = len(values) // 3 if self.warmup is None else self.warmup
+        kept = values[skip:]
+        return kept if kept else values[-1:]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One run's throughput, or why there is none."""
+
+    tok_per_s: float | None
+    failure: Failure | None = None
+    source: str | None = None  # "file" | "frame" | "line" | "regex"
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None and self.tok_per_s is not None
+
+    @property
+    def samples(self) -> tuple[float, ...]:
+        """The run's samples: its timed windows (``samples`` in a smoke-style result, one
+        process, one warm-up) or, where it reported none, its one throughput."""
+        if not self.ok:
+            return ()
+        windows = self.result.get("samples")
+        if isinstance(windows, list) and windows and all(_rate(x) for x in windows):
+            return tuple(float(x) for x in windows)
+        assert self.tok_per_s is not None
+        return (self.tok_per_s,)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tok_per_s": self.tok_per_s, "failure": self.failure, "source": self.source}
+
+
+def _rate(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+_TOK_UNIT = re.compile(r"^(?P<num>[0-9.eE+-]+)\s*(?P<unit>[kKmM]?)(?P<tok>\s*tok(?:en)?s?/s)?$")
+
+
+def parse_ktoks(text: str, flag: str = "--until-ktoks") -> float:
+    """A throughput as people write it → tokens per second.
+
+    ``12000`` (tok/s), ``12k`` / ``12.8k`` / ``12.8K`` / ``12.8 Ktok/s`` (thousands),
+    ``1.2M``, ``15tok/s`` (explicitly tok/s). A bare number below 1,000 is refused: whether
+    ``15`` means 15 tok/s or 15 Ktok/s cannot be told, and guessing wrong makes every state
+    "good" (the line says how to write either).
+    """
+    raw = str(text).strip().replace(",", "").replace("_", "")
+    found = _TOK_UNIT.match(raw)
+    value = None
+    if found is not None:
+        with contextlib.suppress(ValueError):
+            value = float(found.group("num"))
+    if found is None or value is None:
+        raise UsageError(
+            f"{flag} {text!r}: expected a throughput like 12000, 12k, 12.8k or 12.8 Ktok/s"
+        )
+    unit = found.group("unit").lower()
+    value *= {"k": 1e3, "m": 1e6}.get(unit, 1.0)
+    if not value > 0 or not math.isfinite(value):
+        raise UsageError(f"{flag} {text!r}: must be a positive throughput")
+    if not unit and not found.group("tok") and value < 1000:
+        raise UsageError(
+            f"{flag} {text!r}: a bare number below 1,000 is ambiguous — write {raw}k for "
+            f"{format_tok(value * 1000)}, or {raw}tok/s if you mean {raw} tokens per second"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """What "good" means: at least ``value`` tok/s, or at least ``fraction`` of the good
+    state's measured median (``--until 70%``), or (neither) the engine's default, midway
+    between the measured endpoints. ``source`` says where it came from."""
+
+    value: float | None = None
+    fraction: float | None = None
+    source: str = "default"
+
+    @classmethod
+    def parse(cls, text: Any, source: str, flag: str) -> Threshold:
+        """``70%`` → a fraction of the good state; anything else as in ``parse_ktoks``."""
+        if isinstance(text, (int, float)) and not isinstance(text, bool):
+            text = f"{text:g}" if text < 1000 else f"{float(text):.0f}"
+        raw = str(text).strip()
+        if raw.endswith("%"):
+            try:
+                pct = float(raw[:-1])
+            except ValueError:
+                pct = float("nan")
+            if not 0 < pct < 100:
+                raise UsageError(
+                    f"{flag} {text!r}: a percentage of the good state's speed is between "
+                    "0% and 100%, e.g. 70%"
+                )
+            return cls(fraction=pct / 100, source=source)
+        return cls(value=parse_ktoks(raw, flag), source=source)
+
+    def describe(self) -> str:
+        """``good means ≥ 12,000 tok/s (12.0 Ktok/s), from --until-ktoks``."""
+        if self.value is not None:
+            return f"good means ≥ {format_tok(self.value)}, from {self.source}"
+        if self.fraction is not None:
+            return (
+                f"good means ≥ {self.fraction:.0%} of the good state's measured speed, "
+                f"from {self.source}"
+            )
+        return "good means faster than midway between the endpoints (no threshold given)"
+
+
+def format_tok(value: float | None) -> str:
+    """``12,000 tok/s (12.0 Ktok/s)``: the one way a single throughput is written."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f} tok/s ({format_ktok(value)} Ktok/s)"
+
+
+def format_ktok(value: float | None) -> str:
+    """Ktok/s for tables and lists: ``12.6``; three significant digits below 1 Ktok/s
+    (``0.125``) so slow states do not all read ``0.1``; ``-`` for no value."""
+    if value is None:
+        return "-"
+    k = value / 1000
+    return f"{k:.1f}" if abs(k) >= 1 else f"{k:.3g}"
+
+
+def from_result(result: dict[str, Any], source: str) -> Measurement:
+    """A smoke-style JSON result → Measurement."""
+    error = result.get("error")
+    tok = result.get("tok_per_s")
+    if result.get("ok") is False or (tok is None and error):
+        if isinstance(error, dict):
+            why = f"{error.get('class') or 'Error'}: {error.get('message') or ''}".strip()
+        else:
+            why = str(error or "ok is false")
+        if "OutOfMemory" in why or "out of memory" in why:
+            return Measurement(None, _oom(why), source, result)
+        return Measurement(None, Failure.crash(why), source, result)
+    if isinstance(tok, (int, float)) and not isinstance(tok, bool):
+        if not math.isfinite(float(tok)):
+            # Infinity, 1e999 or NaN: no run is that fast; counting it good or bad would
+            # decide a verdict on a broken number.
+            return Measurement(None, _non_finite(tok), source, result)
+        if tok >= 0:
+            return Measurement(float(tok), None, source, result)
+    return Measurement(None, _no_metric(f"result has no tok_per_s ({source})"), source, result)
+
+
+def read_result_file(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when missing/empty/partial."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_result_line(stdout: bytes) -> dict[str, Any] | None:
+    """The last ``ENVBISECT_RESULT {json}`` line, or None."""
+    for raw in reversed(RESULT_LINE.findall(stdout)):
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def measure(
+    *,
+    stdout: bytes,
+    stderr: bytes,
+    returncode: int | None,
+    timed_out: bool,
+    timeout_s: float | None = None,
+    result_file: Path | None = None,
+    frame: dict[str, Any] | None = None,
+    spec: MetricSpec | None = None,
+) -> Measurement:
+    """Judge one finished run from everything it left behind.
+
+    A timeout wins over any number (the run did not finish); otherwise a result that says
+    ``ok: false`` or a non-zero exit is a crash even when a number was logged before it.
+    """
+    if timed_out:
+        return Measurement(None, Failure.timeout(f"after {timeout_s:g}s" if timeout_s else ""))
+    candidates: list[tuple[str, dict[str, Any] | None]] = [
+        ("file", read_result_file(result_file) if result_file is not None else None),
+        ("frame", frame),
+        ("line", read_result_line(stdout)),
+    ]
+    found: Measurement | None = None
+    for source, data in candidates:
+        if data is not None:
+            found = from_result(data, source)
+            break
+    if found is None and spec is not None:
+        found = _from_log(spec, stdout, stderr)
+    if returncode not in (0, None):
+        if found is not None and found.failure is not None:
+            return found
+        return Measurement(None, _crash_reason(returncode, stderr), found.source if found else None)
+    if found is None:
+        how = (
+            f"no match for --metric-regex {spec.pattern.pattern!r}"
+            if spec
+            else ("no ENVBISECT_RESULT (file, line or frame); use --metric-regex for a log line")
+        )
+        return Measurement(None, _no_metric(how), None)
+    return found
+
+
+def _from_log(spec: MetricSpec, stdout: bytes, stderr: bytes) -> Measurement | None:
+    """The samples of a log's matched lines (see ``MetricSpec.samples``), or None."""
+    text = stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
+    values = spec.samples(text)
+    if not values:
+        return None
+    bad = next((v for v in values if not math.isfinite(v)), None)
+    if bad is not None:
+        return Measurement(None, _non_finite(bad), "regex")
+    value = statistics.median(values)
+    return Measurement(value, None, "regex", {"samples": values})
+
+
+def _crash_reason(returncode: int, stderr: bytes) -> Failure:
+    tail = stderr[-65536:]
+    last = ""
+    for line in reversed(tail.decode("utf-8", "replace").splitlines()):
+        if line.strip():
+            last = line.strip()[:200]
+            break
+    signal_note = f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
+    detail = signal_note + (f": {last}" if last else "")
+    if any(marker in tail for marker in _OOM_MARKERS) or returncode in (-9, 137):
+        return _oom(detail)
+    return Failure.crash(detail)
+
+
+# Out of memory and a run that reported no number have no FailureKind of their own: their
+# text keeps the prefix users know (kind OTHER), which never reads as a build failure.
+def _oom(detail: str) -> Failure:
+    return Failure(f"oom: {detail}")
+
+
+def _no_metric(how: str) -> Failure:
+    return Failure(f"no metric: {how}")
+
+
+def _non_finite(value: object) -> Failure:
+    return Failure.crash(f"non-finite throughput ({value} tok/s)")

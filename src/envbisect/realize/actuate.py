@@ -1,0 +1,832 @@
+"""Realize an in-between state: the good state with some units' changes applied.
+
+A state assigns every change of the diff a value: the bad manifest's value when its unit is
+applied, else the good manifest's. Each section has an actuator that makes that value real
+*for one trial* without changing the user's machine:
+
+packages
+    A uv venv per distinct package set, under ``<session>/venvs/<hash>/`` and reused when a
+    state comes back. It is an *overlay* on the target environment: ``uv venv`` on the target's
+    base interpreter, then ``uv pip install --no-deps`` of exactly the packages whose wanted
+    version differs from what the target environment has (local labels such as ``+cu130``
+    kept; the config's package sources passed to uv as ``envbisect.model.sources.uv_args`` says),
+    then a ``.pth`` adds ``base-site/``: a *link farm* of symlinks to every entry of the
+    target's site-packages except the files (per ``RECORD``) of the packages that were
+    replaced or must be absent. That is how a package present only in the bad state is
+    removed: it is simply not linked, so neither ``import`` nor ``importlib.metadata`` sees
+    it, and nothing is ever written into the target environment. A uv failure makes the state
+    unresolved ("build: ...") with uv's own message in the trial's ``build-venv.stderr``.
+git
+    ``git worktree add --detach <session>/worktrees/<repo>-<sha>`` at the state's commit; the
+    command runs there (its cwd mapped into the worktree) and absolute argv paths inside the
+    repo are rewritten. Uncommitted changes of the recorded state are *not* reproduced unless
+    their files are listed under ``files:`` (said in the notes).
+files
+    Content from ``<blobs>/<sha256>``: the folder the snapshot recorded (``meta.blobs_dir``),
+    else ``blobs/`` beside the manifest or one level up, else the run's ``manifests_dir``.
+    Inside a repo that has a worktree this trial, written there; otherwise swapped in place
+    after journaling the original (see ``session.FileJournal``), and restored after every
+    trial.
+env
+    The per-trial environment: each env unit's variable set to the state's value, or unset.
+    A redacted value (a secret: the manifest holds only its hash) cannot be set. The variable
+    is then passed through from the environment envbisect runs in, unchanged in every trial;
+    the unit is bisectable only when that value is the redacted one of the bad state (its
+    hash matches) and the good state is unset or a plain value, otherwise it is not bisected
+    and the reason says so.
+caches
+    A cache that is part of the diff: cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/
+    ``TRITON_CACHE_DIR`` under the trial dir; warm = a copy of the recorded dir (the user's
+    own cache is never written to); either is removed when the trial ends. A cache that did
+    not change is used where the snapshot found it, never copied. A warm state whose
+    recorded dir is gone cannot be realized: said plainly.
+data
+    When the state wants the *old* version of a dataset and ``data_map`` in the config names
+    where it lives, every argv element that mentions the path is rewritten to the mapped
+    path, and ``ENVBISECT_DATA_<n>`` (n = position of the path among the manifest's sorted
+    data paths) holds the path to use, for scripts that read their data path from the
+    environment. Without a mapping the unit is not bisectable.
+
+Changes of the ``torch`` and ``probes`` sections are facts that follow from packages and
+files; they need no actuator of their own. Everything else (system, gpu, python, ...) is
+reported, never bisected.
+
+How: each section's realizer (``sections.<name>``, looked up by section name) turns the
+state's values into one plan (worktrees, file swaps, cache dirs, the overlay venv, the
+environment, argv path rewrites), the same for every target; an executor
+(``bisect.execute``) carries it out with the operation code of
+``envbisect.agent.actuate_remote``: in this process for a local target, shipped with
+``Transport.run_agent`` (one operation per call, nothing installed there) for a remote one.
+
+Remote targets (``--via``/``--target``): Everything lives under a remote session directory
+``<remote $HOME, else /tmp>/.envbisect/session-<id>`` (recorded in the local session log as a
+``remote`` event, so ``envbisect reset`` cleans it up too, see :func:`reset_remote`): the
+overlay venv is built there with the target's uv (on its PATH, next to its python, or
+``python -m uv``; without uv, package units are not bisectable and the reason says so), git
+worktrees are added in the remote repo, loose files are swapped after journaling on the
+target (blobs travel base64 in the parameters) and restored after every trial and on exit,
+cold caches are fresh remote dirs, and ``data_map`` paths are checked on the target. The
+per-trial environment reaches the far process through an innermost ``env`` layer (see
+``runner.run_once``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envbisect import sections
+from envbisect.agent import actuate_remote
+from envbisect.agent.actuate_remote import FAILED, READY
+from envbisect.agent.journal import sha256_of
+from envbisect.agent.redact import is_redacted
+from envbisect.model.errors import ActuationError, TransportError
+from envbisect.model.failure import Failure
+from envbisect.model.history import FileVersion, file_history, store
+from envbisect.model.manifest import Manifest
+from envbisect.model.session import Session
+from envbisect.model.sources import Sources
+from envbisect.realize.execute import Executor, LocalExecutor, RemoteExecutor
+from envbisect.realize.plan import (
+    Context,
+    FactQuery,
+    Facts,
+    Placement,
+    Plan,
+    Sandbox,
+    make_plan,
+    realizers,
+)
+from envbisect.sections.caches import CACHE_ENV
+from envbisect.sections.files import FileEntry
+from envbisect.sections.git import GitEntry, repo_of
+from envbisect.sections.packages import PackagesRealizer
+from envbisect.transport import Layer, Transport
+
+REALIZERS = realizers()  # section → its realizer, in plan order (from the section modules)
+ACTIONABLE = tuple(REALIZERS)  # packages, git, files, env, caches, data
+DERIVED = tuple(s.name for s in sections.known() if s.derived)  # torch, probes
+
+# FAILED/READY (the venv markers) and CACHE_ENV live with the code that uses them; kept here.
+__all__ = [
+    "ACTIONABLE",
+    "AGENT",
+    "CACHE_ENV",
+    "DERIVED",
+    "FAILED",
+    "READY",
+    "Actuator",
+    "Realized",
+    "TargetEnv",
+    "blob_dirs",
+    "reset_remote",
+]
+
+AGENT = "envbisect.agent.actuate_remote"
+FAR_PATH = "/usr/local/bin:/usr/bin:/bin"  # a remote target whose PATH the probe did not see
+
+
+def blob_dirs(manifest: Manifest, extra: Sequence[Path] = ()) -> list[Path]:
+    """Where the stored contents of ``manifest``'s files may be, first match wins."""
+    out: list[Path] = []
+    recorded = manifest.section("meta").get("blobs_dir")
+    if isinstance(recorded, str) and recorded:
+        out.append(Path(recorded))
+    if manifest.path is not None:
+        here = manifest.path.absolute().parent
+        out += [here / "blobs", here.parent / "blobs", here / "manifests" / "blobs"]
+    out += [Path(p) for p in extra]
+    return list(dict.fromkeys(out))
+
+
+def _realized_changes(unit: Any) -> list[Any]:
+    """The changes an actuator makes real for ``unit``: a git unit's committed files come
+    with its worktree (see ``diff.COMMITTED_NOTE``) and are not written on their own."""
+    if unit.section == "git":
+        return [c for c in unit.changes if c.section == "git"]
+    return list(unit.changes)
+
+
+@dataclass(frozen=True)
+class Realized(Placement):
+    """One realized state, ready to run a command in."""
+
+    venv: Path | None = None
+    notes: tuple[str, ...] = ()
+    failure: Failure | None = None  # "build: ..." when the state cannot be realized
+    caches: tuple[str, ...] = ()  # this trial's cache dirs, removed when it ends
+    fill: tuple[str, ...] = ()  # caches to make warm by one run of the state (CacheDir.fill)
+    cold: tuple[str, ...] = ()  # cold cache dirs: empty at the start of every run
+
+
+@dataclass(frozen=True)
+class TargetEnv:
+    """What the target python has installed (from the probe)."""
+
+    python: str
+    base: str
+    version: str
+    sites: tuple[str, ...]
+    dists: Mapping[str, Mapping[str, Any]]
+    home: str | None = None  # remote targets: where the remote session dir goes
+    path: str | None = None  # remote targets: PATH of the far process
+    uv: tuple[str, ...] | None = None  # remote targets: how to run uv there (None: no uv)
+    no_bytecode: tuple[str, ...] = ()  # packages installed without .pyc files
+
+    @classmethod
+    def from_agent(cls, python: str, data: Mapping[str, Any]) -> TargetEnv:
+        """From the ``probe`` operation of the agent (local or through the chain)."""
+        return cls(
+            python=python,
+            base=str(data["base"]),
+            version=str(data["version"]),
+            sites=tuple(data["sites"]),
+            dists={d["name"]: d for d in data["dists"]},
+            home=str(data.get("home") or "/tmp"),
+            path=str(data.get("path") or ""),
+            uv=tuple(data["uv"]) if data.get("uv") else None,
+            no_bytecode=tuple(data.get("no_bytecode") or ()),
+        )
+
+
+@dataclass
+class Actuator:
+    """Realizes states of one diff for one target. Create once per run.
+
+    ``units`` are diff Units (objects with ``id``, ``section``, ``changes``, ``bisectable``,
+    ``reason``); changes are looked up in the manifests by ``(section, key)``.
+    """
+
+    good: Manifest
+    bad: Manifest
+    units: Sequence[Any]
+    session: Session
+    python: str
+    transport: Transport = field(default_factory=Transport)
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    sources: Sources | None = None  # None: the three fields above (older callers)
+    data_map: Mapping[str, str] = field(default_factory=dict)
+    blob_dirs: tuple[Path, ...] = ()  # more places to look for stored file contents
+    base_env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    uv: str | None = None
+    _target: TargetEnv | None = None
+    _commits: dict[str, list[str]] = field(default_factory=dict)
+    # Unused since worktrees are found by path; parallel.worker_actuators still resets it.
+    _blocked: frozenset[str] | None = None
+    _facts: Facts | None = None  # the target's answers to the realizers' questions
+    _remote_dirty: bool = False  # remote: files may be swapped there right now
+    _remote_venvs: set[str] = field(default_factory=set)  # remote: venvs known ready
+    # Workers of one host realize states from several threads: one build at a time (venvs
+    # and worktrees are shared between states); the trials themselves run side by side.
+    _build_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Several actuators of one session (workers with targets of their own) log their agent
+    # calls side by side: each under its own name.
+    log_tag: str = ""
+    on_note: Callable[[str], None] | None = None  # told at once when a restore keeps an edit
+    kept: list[str] = field(default_factory=list)  # files restore left as the user edited them
+    _claimed: bool = False
+    # Stored contents found so far: (id of the manifest, blob name) → checked blob file.
+    _blobs: dict[tuple[int, str], Path | None] = field(default_factory=dict, repr=False)
+    # A file unit inside a repo: its contents a position stands for (``history``): the
+    # versions the engine bisects over, then the hunk subsets the run registers.
+    _variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    _versions: dict[str, tuple[FileVersion, ...]] = field(default_factory=dict, repr=False)
+    # A git unit's states beyond its commits (the hunk step): its worktree at a position
+    # (-1: the good commit) with some files' contents replaced ({file key: files value}).
+    _commit_variants: dict[str, list[tuple[int, dict[str, dict[str, Any]]]]] = field(
+        default_factory=dict, repr=False
+    )
+    # A package unit's states beyond all-or-nothing (the package step: a component of the
+    # torch stack, a release between the endpoints): {package key: its value}; the unit's
+    # other changes keep the good state's values.
+    _package_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+    @property
+    def remote(self) -> bool:
+        """True when the target is reached through a layer chain."""
+        return bool(self.transport.layers)
+
+    def _executor(self) -> Executor:
+        return RemoteExecutor(self) if self.remote else LocalExecutor(self)
+
+    def _context(self) -> Context:
+        """What the realizers see of this run and of the target."""
+        return Context(
+            good=self.good,
+            bad=self.bad,
+            python=self.python,
+            facts=self._inspect,
+            target=self.target,
+            blob=self._blob,
+            blob_places=lambda m: ", ".join(str(d) for d in blob_dirs(m, self.blob_dirs)),
+            env_holds=self._env_holds,
+            uv_missing=lambda: self.remote and self.target().uv is None,
+            here="on the target" if self.remote else "here",
+            data_map=self.data_map,
+            sources=self.package_sources(),
+        )
+
+    def package_sources(self) -> Sources:
+        """Where this run's packages come from (``sources``, else the older three fields)."""
+        if self.sources is not None:
+            return self.sources
+        return Sources(
+            indexes=tuple(self.extra_index_urls),
+            default_index=self.index_url,
+            find_links=tuple(self.find_links),
+        )
+
+    # -- what can be realized ----------------------------------------------------------
+
+    def blockers(self) -> dict[str, str]:
+        """unit id → why this actuator cannot realize it (beyond the diff's own verdict)."""
+        out: dict[str, str] = {}
+        ctx = self._context()
+        for unit in self.units:
+            if not unit.bisectable:
+                continue
+            reason = self._unit_blocker(ctx, unit)
+            if reason:
+                out[unit.id] = reason
+        return out
+
+    def _unit_blocker(self, ctx: Context, unit: Any) -> str | None:
+        actionable = [c for c in _realized_changes(unit) if c.section in REALIZERS]
+        other = sorted({c.section for c in unit.changes} - set(ACTIONABLE) - set(DERIVED))
+        if other:
+            return f"no actuator for {', '.join(other)} changes (reported, not bisected)"
+        if not actionable:
+            return "only derived facts changed; nothing to realize"
+        for change in actionable:
+            key = str(change.key)
+            old = self.good.section(change.section).get(key)
+            new = self.bad.section(change.section).get(key)
+            why = REALIZERS[change.section].blocker(ctx, key, old, new)
+            if why:
+                return why
+        return None
+
+    def _inspect(self) -> Facts:
+        """Every fact the realizers need from the target, in one call of the agent."""
+        if self._facts is not None:
+            return self._facts
+        ctx = self._context()
+        query = FactQuery()
+        for unit in self.units:
+            for change in unit.changes:
+                realizer = REALIZERS.get(change.section)
+                if realizer is None:
+                    continue
+                key = str(change.key)
+                old = self.good.section(change.section).get(key)
+                new = self.bad.section(change.section).get(key)
+                realizer.facts(ctx, key, old, new, query)
+        params = query.params()
+        self._facts = Facts.from_answer(params, self._executor().inspect(params))
+        return self._facts
+
+    def agent(
+        self, op: str, params: Mapping[str, Any], log_dir: Path, name: str, timeout_s: float = 300
+    ) -> dict[str, Any]:
+        """One operation of the agent, as a process through the chain (the empty chain:
+        a local ``python -``)."""
+        return self.transport.run_agent(
+            self.python,
+            AGENT,
+            {"op": op, **params},
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+            name=f"{name}-{self.log_tag}" if self.log_tag else name,
+        )
+
+    def remote_root(self) -> str:
+        """The remote session dir (recorded in the local session log on first use)."""
+        target = self.target()
+        tag = hashlib.sha256(
+            f"{self.session.root}\0{self.transport.describe()}".encode()
+        ).hexdigest()[:12]
+        root = f"{(target.home or '/tmp').rstrip('/')}/.envbisect/session-{tag}"
+        if not any(
+            e.get("type") == "remote" and e.get("root") == root for e in self.session.events()
+        ):
+            self.session.append(
+                {
+                    "type": "remote",
+                    "root": root,
+                    "python": self.python,
+                    "layers": [layer.as_dict() for layer in self.transport.layers],
+                }
+            )
+        return root
+
+    def notes(self) -> list[str]:
+        """Caveats about the run as a whole (printed once at the start)."""
+        out: list[str] = [
+            f"env {key} is a secret (redacted in the manifest): every trial passes it "
+            "through from your environment unchanged"
+            for key in self._passed_through()
+        ]
+        for unit in self.units:
+            for change in unit.changes:
+                if change.section == "git":
+                    out += self._dirty_notes(str(change.key))
+        return out
+
+    def _dirty_notes(self, key: str) -> list[str]:
+        """What a repo's uncommitted changes in either state mean for the run."""
+        out = []
+        repo = key.rstrip("/") + "/"
+        for side, m in (("good", self.good), ("bad", self.bad)):
+            if not GitEntry.of(m.section("git").get(key)).dirty:
+                continue
+            tracked = sorted(f for f in m.section("files") if str(f).startswith(repo))
+            if tracked:
+                out.append(
+                    f"git {key} had uncommitted changes in the {side} state; "
+                    f"only the {len(tracked)} file(s) under files: in that repo are "
+                    "reproduced from the manifest, any other uncommitted edit is not"
+                )
+            else:
+                out.append(
+                    f"git {key} had uncommitted changes in the {side} state; "
+                    "they are not reproduced unless their files are listed under files:"
+                )
+        return out
+
+    def ordered(self) -> dict[str, list[str]]:
+        """git unit id → commits after good's head up to bad's head (oldest first)."""
+        out: dict[str, list[str]] = {}
+        for unit in self.units:
+            gits = [c for c in unit.changes if c.section == "git"]
+            if len(gits) != 1 or len(_realized_changes(unit)) != 1:
+                continue
+            key = str(gits[0].key)
+            old = GitEntry.of(self.good.section("git").get(key)).head
+            new = GitEntry.of(self.bad.section("git").get(key)).head
+            if not old or not new:
+                continue
+            commits = list(self._inspect().revlists.get((key, old, new)) or [])
+            if len(commits) > 1:
+                out[unit.id] = commits
+                self._commits[unit.id] = commits
+        for unit_id, versions in self.file_versions().items():
+            out[unit_id] = [v.item for v in versions]
+        return out
+
+    def file_versions(self) -> dict[str, tuple[FileVersion, ...]]:
+        """file unit id → its versions after the good commit (``history.file_history``), for
+        a file inside a recorded repo whose commit changed; local targets only (the repo is
+        read here)."""
+        if self._versions or self.remote:
+            return self._versions
+        repos = self.bad.section("git")
+        for unit in self.units:
+            if unit.section != "files" or len(unit.changes) != 1:
+                continue
+            key = str(unit.changes[0].key)
+            repo = repo_of(key, [str(r) for r in repos])
+            if repo is None:
+                continue
+            heads = (
+                GitEntry.of(self.good.section("git").get(repo)).head,
+                GitEntry.of(repos.get(repo)).head,
+            )
+            entries = [FileEntry.of(m.section("files").get(key)) for m in (self.good, self.bad)]
+            if not heads[0] or not heads[1] or heads[0] == heads[1] or None in entries:
+                continue
+            shas = (entries[0].sha256, entries[1].sha256)  # type: ignore[union-attr]
+            versions = file_history(repo, key, (heads[0], heads[1]), shas, self.variant_blobs)
+            if versions:
+                self._versions[unit.id] = versions
+                self._variants[unit.id] = [v.value() for v in versions]
+        return self._versions
+
+    @property
+    def variant_blobs(self) -> Path:
+        """Where contents the run makes (a file at a commit, with some hunks) are stored."""
+        return self.session.root / "blobs"
+
+    def add_variant(self, unit_id: str, content: bytes) -> int:
+        """Register ``content`` as a state of file unit ``unit_id``: the position that
+        stands for it (the same position for the same content)."""
+        sha = store(self.variant_blobs, content)
+        value = {"sha256": sha, "size": len(content), "blob": sha}
+        variants = self._variants.setdefault(unit_id, [])
+        if value not in variants:
+            variants.append(value)
+        return variants.index(value)
+
+    def content(self, unit_id: str, pos: int | None) -> bytes | None:
+        """The content of file unit ``unit_id`` at position ``pos`` (None: the bad state's;
+        -1: the good state's), from the blob store."""
+        key = str(next(u for u in self.units if u.id == unit_id).changes[0].key)
+        manifest = self.good if pos == -1 else self.bad
+        value = manifest.section("files").get(key)
+        if pos is not None and pos >= 0:
+            value = self._variant(unit_id, pos, None)
+        path = self._blob(manifest, value) if value is not None else None
+        return path.read_bytes() if path is not None else None
+
+    # -- realizing ---------------------------------------------------------------------
+
+    def _env_holds(self, key: str, value: Mapping[str, Any]) -> bool:
+        """True when the environment trials start from holds the redacted ``value``.
+
+        Remote: the far environment cannot be read here; the bad state is taken to be the
+        target as it is (as for every unit that is not bisected)."""
+        if self.remote:
+            return True
+        env = self.base_env if self.base_env is not None else os.environ
+        current = env.get(key)
+        prefix = str(value.get("redacted") or "")
+        if current is None or not prefix:
+            return False
+        digest = hashlib.sha256(current.encode("utf-8", "surrogateescape")).hexdigest()
+        return digest.startswith(prefix)
+
+    def _passed_through(self) -> list[str]:
+        """Env vars with a redacted side that no trial sets (their unit is not realized)."""
+        blocked = self._blocked_ids()
+        out = []
+        for unit in self.units:
+            if unit.bisectable is not False and unit.id not in blocked:
+                continue
+            for change in unit.changes:
+                if change.section == "env" and (
+                    is_redacted(self.good.section("env").get(str(change.key)))
+                    or is_redacted(self.bad.section("env").get(str(change.key)))
+                ):
+                    out.append(str(change.key))
+        return sorted(out)
+
+    def _values(
+        self, applied: frozenset[str], positions: Mapping[str, int]
+    ) -> dict[tuple[str, str], Any]:
+        """(section, key) → the state's value for every actionable change."""
+        values: dict[tuple[str, str], Any] = {}
+        for unit in self.units:
+            on = unit.id in applied
+            for change in _realized_changes(unit):
+                if change.section not in REALIZERS:
+                    continue
+                key = str(change.key)
+                source = self.bad if on else self.good
+                if unit.bisectable is False or unit.id in self._blocked_ids():
+                    if change.section == "env":
+                        continue  # never bisected: the variable stays as the environment has it
+                    source = self.bad  # never bisected: stays as the target is
+                value = source.section(change.section).get(key)
+                if on and unit.id in positions and unit.id in self._package_variants:
+                    source, value = self._package_value(unit.id, positions[unit.id], key)
+                elif on and change.section == "git" and unit.id in positions:
+                    value = self._at_position(unit.id, positions[unit.id], value)
+                elif on and change.section == "files" and unit.id in positions:
+                    value = self._variant(unit.id, positions[unit.id], value)
+                values[(change.section, key)] = (source, value)
+        for unit_id, pos in positions.items():
+            variant = self._commit_variant(unit_id, pos) if unit_id in applied else None
+            for key, file_value in variant[1].items() if variant else ():
+                values[("files", key)] = (self.bad, file_value)
+        return values
+
+    def _at_position(self, unit_id: str, pos: int, value: Any) -> Any:
+        """A git value moved to the ``pos``-th commit of its unit's range (a position past
+        its commits: a state ``add_commit_variant`` registered, at its base commit)."""
+        commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        variant = self._commit_variant(unit_id, pos)
+        if variant is not None and variant[0] < 0:
+            key = str(next(u for u in self.units if u.id == unit_id).changes[0].key)
+            return {**(value or {}), "head": GitEntry.of(self.good.section("git").get(key)).head}
+        if variant is not None:
+            pos = variant[0]
+        if commits and 0 <= pos < len(commits):
+            return {**(value or {}), "head": commits[pos]}
+        return value
+
+    def add_commit_variant(self, unit_id: str, base: int, contents: Mapping[str, bytes]) -> int:
+        """Register a state of git unit ``unit_id``: its worktree at commit position ``base``
+        (-1: the good commit) with ``contents`` (file key → bytes) written into it; the
+        position that stands for it (past the unit's commits; the same for the same state)."""
+        commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        files = {}
+        for key, content in sorted(contents.items()):
+            sha = store(self.variant_blobs, content)
+            files[key] = {"sha256": sha, "size": len(content), "blob": sha}
+        variants = self._commit_variants.setdefault(unit_id, [])
+        if (base, files) not in variants:
+            variants.append((base, files))
+        return len(commits) + variants.index((base, files))
+
+    def add_package_variant(self, unit_id: str, values: Mapping[str, Any]) -> int:
+        """Register a state of package unit ``unit_id`` (a plain package or the torch
+        stack): the packages in ``values`` (key → a ``packages:`` value, None: absent) as
+        given, the unit's other changes as in the good state; the position that stands for
+        it (the same for the same values)."""
+        variants = self._package_variants.setdefault(unit_id, [])
+        wanted = dict(sorted(values.items()))
+        if wanted not in variants:
+            variants.append(wanted)
+        return variants.index(wanted)
+
+    def _package_value(self, unit_id: str, pos: int, key: str) -> tuple[Manifest, Any]:
+        """(source, value) of change ``key`` of package unit ``unit_id`` at ``pos``."""
+        variant = self._package_variants[unit_id][pos]
+        if key in variant:
+            return self.bad, variant[key]
+        return self.good, self.good.section("packages").get(key)
+
+    def venv_of(self, applied: frozenset[str], positions: Mapping[str, int]) -> Path | None:
+        """Where the overlay venv of a state is (None: the state needs none, or the target is
+        remote); built once the state has been realized."""
+        if self.remote:
+            return None
+        env = dict(self.base_env if self.base_env is not None else os.environ)
+        sandbox = self._sandbox(self.session.root / "trials" / "preview", env)
+        values = self._values(applied, positions)
+        wanted = {key: v for (section, key), (_src, v) in values.items() if section == "packages"}
+        spec, _failure = PackagesRealizer.venv(self._context(), sandbox, wanted)
+        return Path(spec.path) if spec is not None else None
+
+    def _commit_variant(self, unit_id: str, pos: int) -> tuple[int, dict[str, Any]] | None:
+        variants = self._commit_variants.get(unit_id)
+        if not variants:
+            return None
+        i = pos - len(self._commits.get(unit_id) or self.ordered().get(unit_id, []))
+        return variants[i] if 0 <= i < len(variants) else None
+
+    def _variant(self, unit_id: str, pos: int, value: Any) -> Any:
+        """A file value moved to the ``pos``-th content of its unit (a version, a hunk set)."""
+        if unit_id not in self._variants:
+            self.file_versions()
+        variants = self._variants.get(unit_id)
+        if variants and 0 <= pos < len(variants):
+            return variants[pos]
+        return value
+
+    def state_values(
+        self, applied: frozenset[str], positions: Mapping[str, int]
+    ) -> dict[tuple[str, str], tuple[Manifest, Any]]:
+        """(section, key) → (source manifest, value) of every actionable change in a state:
+        what ``realize`` makes real, and what ``bisect.faithful`` checks it against."""
+        return self._values(applied, positions)
+
+    def _blocked_ids(self) -> frozenset[str]:
+        if self._blocked is None:
+            self._blocked = frozenset(self.blockers())
+        return self._blocked
+
+    @contextlib.contextmanager
+    def realize(
+        self,
+        applied: frozenset[str],
+        positions: Mapping[str, int],
+        trial_dir: Path,
+    ) -> Iterator[Realized]:
+        """Build the state; undo every in-place change, and remove its cache dirs, when the
+        block exits."""
+        caches: tuple[str, ...] = ()
+        try:
+            with self._build_lock:
+                realized = self._build(applied, positions, trial_dir)
+            caches = realized.caches
+            yield realized
+        finally:
+            self.restore()
+            self._drop_caches(caches)
+
+    def _drop_caches(self, paths: tuple[str, ...]) -> None:
+        """Remove a finished trial's cache dirs (here, or on the remote target)."""
+        if not paths:
+            return
+        if not self.remote:
+            actuate_remote.drop_dirs(paths)
+            return
+        with contextlib.suppress(TransportError):  # reset removes them later
+            self.agent("drop", {"paths": list(paths)}, self.session.root / "remote", "drop")
+
+    def restore(self) -> None:
+        """Put back every file swapped in place on the target (this machine or the far one).
+
+        A file the user changed meanwhile is kept as it is (the original written beside
+        it): each such file is one line in ``kept``, also handed to ``on_note`` at once.
+        """
+        for line in self._executor().restore():
+            self.kept.append(line)
+            if self.on_note is not None:
+                self.on_note(line)
+
+    def claim_files(self) -> None:
+        """Lock, machine-wide, every loose file a trial may swap in place (once per run), so
+        a second run on the same file is refused before either touches it. Local only: a
+        remote target's agent claims each file as it swaps it (``journal.claim`` without
+        ``hold``), since no process of ours lives there between trials."""
+        if self._claimed or self.remote:
+            return
+        blocked = self._blocked_ids()
+        for unit in self.units:
+            if unit.bisectable is False or unit.id in blocked:
+                continue
+            for change in unit.changes:
+                if change.section == "files":
+                    self.session.journal.claim(Path(str(change.key)))
+        self._claimed = True
+
+    def _sandbox(self, trial_dir: Path, env: Mapping[str, str]) -> Sandbox:
+        """Where this trial's state goes: under the session dir here, or the remote one."""
+        origin = Path(self.cwd or Path.cwd()).absolute()
+        if self.remote:
+            root = self.remote_root()
+            return Sandbox(
+                root=root,
+                trial=f"{root}/trials/{trial_dir.name}",
+                origin=origin,
+                cwd=None,  # a cwd of this machine means nothing there; a worktree sets one
+                path=self.target().path or FAR_PATH,
+                in_venv=False,
+                local=False,
+            )
+        prefix = Path(self.python).parent.parent
+        return Sandbox(
+            root=str(self.session.root),
+            trial=str(trial_dir),
+            origin=origin,
+            cwd=self.cwd,
+            path=env.get("PATH", ""),
+            in_venv=os.path.isabs(self.python) and (prefix / "pyvenv.cfg").exists(),
+        )
+
+    def preview(self, applied: frozenset[str], trial_dir: Path) -> Plan:
+        """The plan of a state, made but not carried out (``run --print-command``)."""
+        env = dict(self.base_env if self.base_env is not None else os.environ)
+        sandbox = self._sandbox(trial_dir, env)
+        return make_plan(self._context(), sandbox, self._values(applied, {}), env)
+
+    def _build(
+        self, applied: frozenset[str], positions: Mapping[str, int], trial_dir: Path
+    ) -> Realized:
+        self.claim_files()
+        env = dict(self.base_env if self.base_env is not None else os.environ)
+        executor = self._executor()
+        try:
+            plan = make_plan(
+                self._context(),
+                self._sandbox(trial_dir, env),
+                self._values(applied, positions),
+                env,
+            )
+            if plan.failure:
+                return Realized(python=plan.python, env=plan.env, failure=plan.failure)
+            if plan.venv is not None:
+                _path, failure = executor.venv(plan.venv.params(), trial_dir)
+                if failure:
+                    return Realized(python=self.python, env=plan.env, failure=Failure.of(failure))
+            failure, notes = executor.apply(plan, trial_dir)
+        except TransportError as exc:
+            return Realized(python=self.python, env=env, failure=Failure.build(str(exc)))
+        if failure:
+            caches = tuple(c.dest for c in plan.caches)
+            return Realized(
+                python=plan.python, env=plan.env, failure=Failure.of(failure), caches=caches
+            )
+        return Realized(
+            python=plan.python,
+            env=plan.env,
+            cwd=plan.cwd,
+            path_map=plan.path_map,
+            origin=plan.origin,
+            venv=Path(plan.venv.path) if plan.venv is not None else None,
+            notes=tuple(notes),
+            # A filled warm cache stays for the state's later calls (reset removes it).
+            caches=tuple(c.dest for c in plan.caches if not c.fill),
+            fill=tuple(c.name for c in plan.caches if c.fill),
+            cold=tuple(c.dest for c in plan.caches if c.src is None and not c.fill),
+        )
+
+    # -- the target ----------------------------------------------------------------------
+
+    def target(self) -> TargetEnv:
+        """What the target python has installed: the agent's ``probe``, run by that python
+        (through the chain; the empty chain when local), once."""
+        if self._target is None:
+            log_dir = self.session.root / "remote" if self.remote else self.session.root
+            try:
+                data = self.agent("probe", {}, log_dir, "probe-env")
+            except TransportError as exc:
+                raise ActuationError(f"cannot list the packages of {self.python}: {exc}") from None
+            self._target = TargetEnv.from_agent(self.python, data)
+        return self._target
+
+    def uv_path(self) -> str:
+        """The uv that builds local venvs (``uv=``, else on PATH, else next to python)."""
+        if self.uv:
+            return self.uv
+        found = shutil.which("uv") or shutil.which("uv", path=str(Path(sys.executable).parent))
+        if not found:
+            raise ActuationError("uv not found on PATH (needed to build package states)")
+        self.uv = found
+        return found
+
+    def _blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
+        """The stored content of a files entry: under the blob dir the snapshot recorded
+        (``meta.blobs_dir``), beside the manifest, one level up (``manifests/blobs`` next to
+        a manifest in a subfolder) or in this run's ``manifests_dir``; checked by sha256."""
+        entry = value if isinstance(value, FileEntry) else FileEntry.of(value)
+        name = entry.blob_name if entry is not None else None
+        if entry is None or not name:
+            return None
+        key = (id(manifest), name)
+        if key not in self._blobs:
+            self._blobs[key] = next(
+                (
+                    base / name
+                    for base in [*blob_dirs(manifest, self.blob_dirs), self.variant_blobs]
+                    if (base / name).is_file() and sha256_of(str(base / name)) == entry.content_sha
+                ),
+                None,
+            )
+        return self._blobs[key]
+
+    def close(self) -> None:
+        """Restore files and remove the worktrees (venvs stay for a later --resume), here
+        and, for a remote target, there."""
+        self.restore()
+        self.session.remove_worktrees()
+        self._executor().cleanup()
+
+
+def reset_remote(session: Session) -> list[str]:
+    """``envbisect reset`` for the remote parts of ``session``: restore the target's journal,
+    remove its worktrees, venvs and cache dirs. Returns one line per thing done."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for ev in session.events():
+        if ev.get("type") != "remote" or ev.get("root") in seen:
+            continue
+        root = str(ev["root"])
+        seen.add(root)
+        transport = Transport(tuple(Layer(tuple(d["argv"]), d["kind"]) for d in ev["layers"]))
+        out = transport.run_agent(
+            str(ev["python"]),
+            AGENT,
+            {"op": "cleanup", "root": root, "all": True},
+            timeout_s=300,
+            log_dir=session.root / "remote",
+            name="reset",
+        )
+        where = transport.describe()
+        lines += [f"restored {p} (via {where})" for p in out.get("restored") or ()]
+        lines += [f"{line} (via {where})" for line in out.get("kept") or ()]
+        lines += [f"removed worktree {p} (via {where})" for p in out.get("worktrees") or ()]
+        lines += [f"removed {p} (via {where})" for p in out.get("removed") or ()]
+    return lines

@@ -1,0 +1,580 @@
+"""Render bisection results: the trial table, the culprit sentence, markdown and JSON.
+
+No logic beyond formatting; the numbers come from ``runner.RunResult`` or a session log.
+Every rendered form passes the secret rules of ``envbisect.agent.redact`` (a smoke command
+or a ``--via`` layer may carry a token on its command line).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from envbisect.agent.redact import redact_text, redact_tree
+from envbisect.model.escape import printable
+from envbisect.model.history import UNCOMMITTED, HunkCulprit
+from envbisect.model.metric import Threshold, format_ktok, format_tok
+from envbisect.model.session import Session
+from envbisect.run.runner import Culprit, RunResult, TrialRow
+
+# The --json document of ``run``; bump the number when a field changes meaning.
+RUN_SCHEMA = "envbisect/run@1"
+
+
+def start_line(
+    threshold: float | None, source: str = "default", fraction: float | None = None
+) -> str:
+    """``good means ≥ 12,000 tok/s (12.0 Ktok/s), from --until-ktoks 12k``; for ``--until
+    70%`` also the value it came to once the good state was measured."""
+    if fraction is not None:
+        line = Threshold(fraction=fraction, source=source).describe()
+        if threshold is not None:
+            line += f" (= {format_tok(threshold)})"
+        return line
+    if threshold is None:
+        return Threshold().describe()
+    if source == "default":
+        return f"good means ≥ {format_tok(threshold)}, midway between the measured endpoints"
+    return Threshold(value=threshold, source=source).describe()
+
+
+def result_start_line(result: RunResult) -> str:
+    return start_line(result.threshold, result.threshold_source, result.threshold_fraction)
+
+
+def _samples(samples: Sequence[float]) -> str:
+    return " ".join(format_ktok(s) for s in samples) or "-"
+
+
+WIDTH = 60  # an applied list longer than this turns the table into numbers + a legend
+
+
+def _applied(applied: Sequence[str], legend: Mapping[str, int] | None = None) -> str:
+    if not applied:
+        return "(none: good state)"
+    if legend is None:
+        return ", ".join(applied)
+    return " ".join(f"[{legend[_unit(a)]}]" + _at(a) for a in applied)
+
+
+def _unit(applied: str) -> str:
+    """``git:/r@3`` → ``git:/r`` (the position of an ordered unit is not part of its id)."""
+    head, sep, tail = applied.rpartition("@")
+    if sep and tail.isdigit():
+        return head
+    # ``torch-stack[triton]``: a package unit in a state of the package step (pkgrun)
+    head, sep, tail = applied.partition("[")
+    return head if sep and tail.endswith("]") and ":" not in tail else applied
+
+
+def _at(applied: str) -> str:
+    head, sep, tail = applied.rpartition("@")
+    return f"@{tail}" if sep and tail.isdigit() else ""
+
+
+def unit_legend(rows: Sequence[TrialRow]) -> dict[str, int] | None:
+    """unit id → number, when some row's applied list is too long to read in a column
+    (nothing is ever cut off: the legend lists every unit in full)."""
+    if all(len(", ".join(r.applied)) <= WIDTH for r in rows):
+        return None
+    ids: dict[str, int] = {}
+    for r in rows:
+        for a in r.applied:
+            ids.setdefault(_unit(a), 0)
+    return {u: i for i, u in enumerate(sorted(ids), start=1)}
+
+
+def _verdict(r: TrialRow) -> str:
+    return (
+        r.verdict
+        + (f" ({r.failure})" if r.failure else "")
+        + (f"; {r.crash_rate}" if r.crash_rate else "")
+        + (f"; {r.contended} of {len(r.samples)} samples under load" if r.contended else "")
+        + (f"; measured again, {len(r.set_aside)} set aside (under load)" if r.set_aside else "")
+        + (f" — outlier: {r.outlier}" if r.outlier else "")
+    )
+
+
+def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
+    """Trial | applied units | samples (Ktok/s) | median | verdict; a numbered legend of
+    the units below it when the applied lists are long; with several workers also the round
+    and the worker of every trial."""
+    legend = unit_legend(rows)
+    parallel = any(r.worker for r in rows)
+    body = [
+        [
+            r.index,
+            *([r.round or "-", r.worker or "-"] if parallel else []),
+            _applied(r.applied, legend),
+            _samples(r.samples),
+            format_ktok(r.median),
+            _verdict(r),
+        ]
+        for r in rows
+    ]
+    headers = [
+        "trial",
+        *(["round", "worker"] if parallel else []),
+        "applied",
+        "samples Ktok/s",
+        "median",
+        "verdict",
+    ]
+    table = tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+    if legend:
+        md = fmt == "github"
+        table += "\n\n" + "\n".join(
+            f"- [{n}] `{u}`" if md else f"[{n}] {u}" for u, n in legend.items()
+        )
+    return table
+
+
+def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) -> str:
+    """``Culprit: env X unset → v — 12.6 → 4.3 Ktok/s``."""
+    if culprit.hunk is not None:
+        return hunk_sentence(culprit.hunk)
+    unit = culprit.unit
+    changes = culprit.changes()
+    if len(changes) == 1 and unit.section != "torch-stack":
+        c = changes[0]
+        old = "unset" if c["old"] == "-" and unit.section == "env" else c["old"]
+        new = "unset" if c["new"] == "-" and unit.section == "env" else c["new"]
+        what = f"{unit.title} {old} → {new}"
+        if culprit.commit == UNCOMMITTED:  # a file's versions end with the uncommitted edit
+            what = f"{unit.title}: its uncommitted edit"
+        elif culprit.commit:
+            what = f"{unit.title}: first bad commit {culprit.commit[:12]}"
+    else:
+        what = unit.title
+    effect = ""
+    if good is not None and bad is not None:
+        effect = f" — {format_ktok(good)} → {format_ktok(bad)} Ktok/s"
+    return f"Culprit: {what}{effect}"
+
+
+def hunk_sentence(h: HunkCulprit) -> str:
+    """``Culprit: commit e4c6327 "model: …" — repo/model.py hunk @@ -10,1 +10,1 @@ — 218.9 →
+    52.4 Ktok/s``, or ``Culprit: uncommitted hunk @@ … @@ in repo/model.py — …``."""
+    v = h.version
+    if h.culprit is None:
+        where = f"{h.shown}, one of hunks " + ", ".join(x.header for x in h.candidates)
+    elif v.committed:
+        where = f"{h.shown} hunk {h.culprit.header}"
+    else:
+        where = f"hunk {h.culprit.header} in {h.shown}"
+    what = (
+        f'commit {v.item[:7]} "{v.subject or "?"}" — {where}'
+        if v.committed
+        else (f"uncommitted {where}")
+    )
+    if h.together:
+        what += " (slow together with " + ", ".join(x.header for x in h.together) + ")"
+    effect = ""
+    if h.good is not None and h.bad is not None:
+        effect = f" — {format_ktok(h.good)} → {format_ktok(h.bad)} Ktok/s"
+    return f"Culprit: {what}{effect}"
+
+
+def hunk_section(h: HunkCulprit) -> list[str]:
+    """The report's view of a hunk culprit: the version, the hunk, the cleared hunks."""
+    v = h.version
+    if v.committed:
+        head = f'### The hunk: commit `{v.item[:12]}` "{v.subject or "?"}" ({v.date or "?"})'
+    else:
+        head = "### The hunk: the uncommitted edit on top of the bad commit"
+    lines = ["", head, ""]
+    several = len(h.files) > 1
+    lines.append(
+        f"`{', '.join(h.files)}` — {len(h.hunks)} hunk(s) in this change; trials "
+        f"{h.good_trial} (without it) and {h.bad_trial} (with it); {h.trials} trial(s) "
+        "searched the hunks"
+    )
+    shown = [h.culprit] if h.culprit is not None else list(h.candidates)
+    for x in shown:
+        lines += ["", *([f"`{h.where(x)}`:"] if several else []), "```diff", *x.lines, "```"]
+    if h.together:
+        lines += ["", "slow only together with: " + ", ".join(f"`{x.header}`" for x in h.together)]
+    if h.cleared:
+        lines += ["", "The other hunks of this change, cleared:", "", "```diff"]
+        for x in h.cleared:
+            where = f"{h.where(x)} " if several else ""
+            lines += [f"{where}{x.header} cleared", *x.lines[1:]]
+        lines.append("```")
+    return lines
+
+
+def summary_lines(result: RunResult) -> list[str]:
+    """The end of ``run``'s output: culprit sentence(s) or why there is none."""
+    if result.culprits:
+        lines = []
+        for c in result.culprits:
+            lines.append(culprit_sentence(c, c.good_median, c.bad_median))
+            lines += [f"  {line}" for line in (c.within.lines() if c.within else ())]
+        causes = {frozenset((c.unit.id, *c.together_with)) for c in result.culprits}
+        if len(causes) > 1:
+            lines.append(
+                f"{len(causes)} independent causes: each one alone brings the regression "
+                "on top of the good state; reverting one leaves the others"
+            )
+        return lines + [f"Note: {finding}" for finding in result.findings]
+    lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
+    if result.blocked:
+        lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
+    return lines
+
+
+def why_lines(result: RunResult) -> list[str]:
+    """Under each culprit, the facts that explain it (good vs bad, only what differs)."""
+    return [f"  {line}" for c in result.culprits for line in c.why]
+
+
+def render_text(result: RunResult) -> str:
+    lines = [trial_table(result.trials), "", *summary_lines(result), *why_lines(result)]
+    text = "\n".join(lines) + "\n"
+    return redact_text(text)
+
+
+def reproduce_command(result: RunResult) -> str:
+    argv = [
+        "envbisect",
+        "run",
+        *result.target_args,
+        "--good",
+        str(result.good_path),
+        "--bad",
+        str(result.bad_path),
+        *_threshold_args(result),
+    ]
+    if result.smoke.metric is not None:
+        argv += ["--metric-regex", result.smoke.metric.pattern.pattern]
+    if result.smoke.argv:
+        argv += ["--", *result.smoke.argv]
+    return shlex.join(argv)
+
+
+def _threshold_args(result: RunResult) -> list[str]:
+    """The threshold words of a re-run: as given (a percentage stays a percentage)."""
+    if result.threshold_fraction is not None:
+        return ["--until", f"{result.threshold_fraction:.0%}"]
+    if result.threshold is None:
+        return []
+    t = result.threshold
+    return ["--until-ktoks", f"{t:.0f}" if t >= 1000 else f"{t:g}tok/s"]
+
+
+def next_command(result: RunResult) -> str | None:
+    """A command that reproduces the (first) culprit alone on this machine: the change made
+    by hand, then the smoke command. None when there is no single culprit."""
+    if not result.culprits:
+        return None
+    c = result.culprits[0]
+    cd, smoke = _user_command(result)
+    change = c.unit.changes[0]
+    key = str(change.key)
+    if c.unit.section == "env":
+        if change.new is None:
+            return f"{cd}env -u {shlex.quote(key)} {smoke}"
+        if isinstance(change.new, dict):
+            return None  # redacted
+        return f"{cd}env {shlex.quote(f'{key}={change.new}')} {smoke}"
+    if c.unit.section == "git":
+        commit = c.commit or (change.new.get("head") if isinstance(change.new, dict) else None)
+        if not commit:
+            return None
+        return f"git -C {shlex.quote(key)} checkout {str(commit)[:12]} && {cd}{smoke}"
+    if c.unit.section in ("packages", "torch-stack"):
+        return packages_command(result, c)
+    if c.unit.section == "files":
+        return (
+            f"{cd}{smoke}   # with {key} in its bad content (the diff above); trial "
+            f"{c.bad_trial}'s trial.json has the exact argv, cwd and environment"
+        )
+    return None
+
+
+def packages_command(result: RunResult, culprit: Culprit) -> str | None:
+    """The target environment turned into the culprit's state, then the user's command.
+
+    Every package the diff changed is set to its value in that state (the culprit's new
+    value, every other change's good value): ``uv pip uninstall`` of those the state lacks,
+    ``uv pip install --no-deps`` of the rest from the run's package sources (the overlay
+    venvs were built the same way), then the command in the run's cwd with a bare
+    ``python`` replaced by the target interpreter.
+    """
+    from packaging.utils import canonicalize_name
+
+    from envbisect.sections.packages import PackageEntry
+
+    wanted: dict[str, Any] = {}
+    for unit in result.diff.units:
+        for x in unit.changes:
+            if x.section == "packages":
+                wanted[canonicalize_name(str(x.key))] = (
+                    x.new if unit.id == culprit.unit.id else x.old
+                )
+    if not wanted:
+        return None
+    python = result.python or _python_of(result)
+    installs, removals = [], []
+    for name, value in sorted(wanted.items()):
+        entry = PackageEntry.of(value)
+        if entry is None:
+            removals.append(name)
+        elif entry.version is not None or entry.direct_url:
+            installs.append(entry.requirement(name))
+    steps = []
+    if removals:
+        steps.append(shlex.join([result.uv, "pip", "uninstall", "--python", python, *removals]))
+    if installs:
+        steps.append(
+            shlex.join(
+                [result.uv, "pip", "install", "--python", python, "--no-deps"]
+                + [*result.uv_args, *installs]
+            )
+        )
+    cd, run = _user_command(result)
+    return " && ".join([*steps, cd + run])
+
+
+def _user_command(result: RunResult) -> tuple[str, str]:
+    """(``cd <cwd> && `` or "", the user's command): a bare ``python`` as the program is
+    the run's target interpreter, as in every trial (``argvmap``)."""
+    from envbisect.model.argvmap import PathMapper
+
+    cd = f"cd {shlex.quote(result.cwd)} && " if result.cwd else ""
+    if not result.smoke.argv:
+        python = ["--python", result.python] if result.python else []
+        return cd, shlex.join(["envbisect", "smoke", *python])
+    return cd, shlex.join(PathMapper().argv(result.smoke.argv, result.python))
+
+
+def _python_of(result: RunResult) -> str:
+    words = list(result.target_args)
+    return words[words.index("--python") + 1] if "--python" in words else "python3"
+
+
+def as_json(result: RunResult) -> dict[str, Any]:
+    """The ``--json`` document."""
+    return {
+        "schema": RUN_SCHEMA,
+        "outcome": result.outcome,
+        "threshold_tok_per_s": result.threshold,
+        "culprits": [
+            {
+                "unit": c.unit.id,
+                "section": c.unit.section,
+                "title": c.unit.title,
+                "commit": c.commit,
+                "changes": c.changes(),
+                "details": list(c.details),
+                "why": list(c.why),
+                "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
+                "hunk": c.hunk.as_dict() if c.hunk is not None else None,
+                "within": c.within.as_dict() if c.within is not None else None,
+            }
+            for c in result.culprits
+        ],
+        "trials": [t.as_dict() for t in result.trials],
+        "good_median_tok_per_s": result.good_median,
+        "bad_median_tok_per_s": result.bad_median,
+        "not_bisected": dict(result.blocked),
+        "notes": list(result.notes),
+        "findings": list(result.findings),
+        "message": result.message,
+        "session": str(result.session),
+        "threshold_source": result.threshold_source,
+        "threshold_fraction": result.threshold_fraction,
+        "noise_per_sample": result.noise,
+        "outliers": [{"trial": t.index, "outlier": t.outlier} for t in result.trials if t.outlier],
+        "machine": dict(result.machine),
+        "next": next_command(result),
+    }
+
+
+def render_json(result: RunResult) -> str:
+    return json.dumps(redact_tree(as_json(result)), indent=2, sort_keys=False) + "\n"
+
+
+_PURPOSE = {
+    "endpoint: good": "the good state as recorded, nothing applied",
+    "endpoint: bad": "every change applied: the bad state",
+    "isolate": "a split of the changes, to halve the suspects",
+    "isolate: context": "narrowing what the culprit is slow with",
+    "confirm: alone": "the culprit alone on top of the good state",
+    "confirm: without": "every change but the culprit",
+}
+
+
+def _purpose(r: TrialRow) -> str:
+    """What a trial was for, in words."""
+    if r.purpose in _PURPOSE:
+        return _PURPOSE[r.purpose]
+    if r.purpose == "narrow: torch stack":
+        return "some components of the torch stack as in the bad state, the rest as in the good"
+    if r.purpose.startswith("narrow: releases of "):
+        return f"a release of {r.purpose.rsplit(' ', 1)[1]} between the two versions"
+    if r.purpose.startswith("narrow: hunks of "):
+        return f"testing some hunks of {r.purpose.split(' of ', 1)[1]}'s first bad change"
+    if r.purpose.startswith("narrow: files:"):
+        return (
+            f"bisecting {r.purpose.split(': ', 1)[1]} over its versions (each commit that "
+            "touched it, then the uncommitted edit)"
+        )
+    if r.purpose.startswith("narrow: "):
+        return f"bisecting {r.purpose.split(': ', 1)[1]} over its commits"
+    return r.purpose or "a state"
+
+
+def explain_trial(r: TrialRow, culprits: set[str]) -> str:
+    """One evidence line: what the trial was, what it measured, what that means."""
+    what = _purpose(r)
+    applied = {_unit(a) for a in r.applied}
+    below = r.purpose.startswith(("narrow: torch stack", "narrow: releases of "))
+    if culprits and r.applied and not below:  # below a culprit: part of it, said by `what`
+        what += "; with the culprit" if culprits & applied else "; without the culprit"
+    if r.failure and r.verdict == "unresolved":
+        meaning = f"unresolved: {r.failure}, so it counts neither way"
+    elif r.failure:
+        meaning = f"{r.verdict}: {r.failure} (a failure counts as slow)"
+    elif r.verdict == "unresolved":
+        meaning = "unresolved: within the noise of the threshold, so it counts neither way"
+    elif r.verdict == "good":
+        meaning = "good: at or above the threshold"
+    else:
+        meaning = "bad: below the threshold"
+    line = f"- trial {r.index} ({what}): median {format_ktok(r.median)} Ktok/s → {meaning}"
+    if r.outlier:
+        line += f"; **outlier: {r.outlier}**, which no mix of the recorded changes explains"
+    return line
+
+
+def machine_line(result: RunResult) -> str:
+    """``- machine `h`: CPU … ×16; GPU 1× NVIDIA H200, driver 580; torch …; python …; load …``."""
+    m = result.machine
+    if not m:
+        return "- machine: unknown (no facts in the bad state's manifest)"
+    gpu = f"GPU {m.get('gpu') or '?'}" + (f", driver {m['driver']}" if m.get("driver") else "")
+    torch = f"torch {m.get('torch') or 'absent'}" + (
+        f" (CUDA {m['cuda']})" if m.get("cuda") else ""
+    )
+    parts = [
+        f"CPU {m.get('cpu') or '?'} ×{m.get('cpus') or '?'}",
+        gpu,
+        torch,
+        f"python {m.get('python') or '?'}",
+        f"load {m.get('load') or 'unknown'} (1/5/15 min, at the end)",
+    ]
+    host = f" `{m['host']}`" if m.get("host") else ""
+    return f"- machine{host}: " + "; ".join(parts)
+
+
+def render_markdown(result: RunResult) -> str:
+    """A report to paste into an issue: the culprit and what it changed, the machine, the
+    evidence explained, every trial, the diff, what to run next and how to reproduce."""
+    from envbisect.render.diff import render_markdown as diff_markdown
+
+    lines = ["## envbisect run", ""]
+    lines += [
+        f"- {line.strip()}" if line.startswith("  ") else f"**{line}**"
+        for line in summary_lines(result)
+    ]
+    lines += [
+        "",
+        machine_line(result),
+        f"- threshold: {result_start_line(result)}",
+        f"- good: `{result.good_path}` — median {format_ktok(result.good_median)} Ktok/s",
+        f"- bad: `{result.bad_path}` — median {format_ktok(result.bad_median)} Ktok/s",
+        f"- smoke command: `{result.smoke.describe()}`",
+        f"- outcome: {result.outcome}; {len(result.trials)} trials{_rounds(result.trials)}; "
+        f"session `{result.session}`",
+    ]
+    if result.noise is not None:
+        lines.append(f"- noise: ±{result.noise:.1%} per sample")
+    for note in result.notes:
+        lines.append(f"- note: {note}")
+    for unit, why in sorted(result.blocked.items()):
+        lines.append(f"- not bisected: `{unit}`: {why}")
+    for c in result.culprits:
+        if c.why:
+            lines += ["", f"### Why `{c.unit.id}` is slower (facts, good vs bad)", ""]
+            lines += [f"- {line}" for line in c.why]
+        if c.details:
+            fence = "diff" if c.unit.section == "files" else ""
+            # Recorded data never ends a code block: a newline in it is escaped (escape.py).
+            details = [printable(d) for d in c.details]
+            lines += ["", f"### What `{printable(c.unit.id)}` changed", "", f"```{fence}", *details]
+            lines.append("```")
+        if c.hunk is not None:
+            lines += hunk_section(c.hunk)
+    lines += ["", "### Evidence", ""]
+    culprits = {c.unit.id for c in result.culprits}
+    lines += [explain_trial(r, culprits) for r in result.trials] or ["No trial was measured."]
+    if not result.culprits:
+        lines += ["", "No trial isolated a single unit."]
+    lines += ["", "### Trials", "", trial_table(result.trials, fmt="github"), ""]
+    lines += ["### Changes between the two states", "", diff_markdown(result.diff, embedded=True)]
+    nxt = next_command(result)
+    if nxt:
+        nxt = printable(nxt)
+        lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
+        if result.culprits[0].unit.section in ("packages", "torch-stack"):
+            lines += [
+                "This installs into and uninstalls from the target environment itself (every "
+                "package the diff names gets its value in the culprit's state); run it in a "
+                "copy of the environment to keep yours.",
+                "",
+            ]
+    lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
+    return redact_text("\n".join(lines))
+
+
+def session_rows(session: Session) -> list[TrialRow]:
+    """The trial rows of a session, as ``run`` showed them: the finished run's own table
+    when it ended, else the logged trials with the verdicts logged so far."""
+    end = session.end_event()
+    if end is not None and session.finished() and end.get("trials") is not None:
+        return [TrialRow.from_dict(t) for t in end["trials"]]
+    verdicts = session.verdicts()
+    return [TrialRow.from_record(r, verdicts.get(r.index, {})) for r in session.trials()]
+
+
+def log_table(session: Session) -> str:
+    """``envbisect log``: the trials of the session, numbered and judged as ``run`` did."""
+    header = session.header() or {}
+    threshold = header.get("threshold")
+    fraction = header.get("threshold_fraction")
+    lines = [
+        f"session {session.root}",
+        f"good {header.get('good')}  bad {header.get('bad') or '(fresh snapshot)'}",
+    ]
+    if threshold is not None or fraction is not None:
+        source = str(header.get("threshold_source") or "default")
+        lines.append(start_line(threshold, source, fraction))
+    for ev in session.events():
+        if ev.get("type") == "calibration-refused":
+            lines.append(f"calibration {ev.get('worker')}: left out: {ev.get('reason')}")
+        if ev.get("type") == "calibration":
+            lines.append(
+                f"calibration {ev.get('worker')}: good state {format_ktok(ev.get('median'))} "
+                f"Ktok/s, factor {float(ev.get('factor') or 1):.3f} ({ev.get('decision')})"
+            )
+    lines += ["", trial_table(session_rows(session)), ""]
+    end = session.end_event()
+    if end is not None and session.finished():
+        lines.append(f"ended: {end.get('outcome')}: {end.get('message') or ''}".rstrip(": "))
+    elif not session.finished():
+        lines.append("unfinished: continue with 'envbisect run --resume'")
+    return redact_text("\n".join(lines) + "\n")
+
+
+def _rounds(rows: Sequence[TrialRow]) -> str:
+    """`` in 4 rounds on 2 workers (cpu0, cpu1)`` for a parallel run, else nothing."""
+    workers = sorted({r.worker for r in rows if r.worker})
+    if not workers:
+        return ""
+    rounds = max((r.round for r in rows), default=0)
+    return f" in {rounds} rounds on {len(workers)} workers ({', '.join(workers)})"
