@@ -29,14 +29,12 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def private_imports(path: Path) -> list[str]:
-    """``path``'s imports of names that are private to another module."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    me = module_name(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    aliases: dict[str, str] = {}  # local name -> envbisect module it is bound to
+def _bindings(tree: ast.Module, me: str, package: str) -> tuple[dict[str, str], set[str], list]:
+    """Local names bound to envbisect modules/names, to other modules, and the private
+    names imported from another module (with their line numbers)."""
+    aliases: dict[str, str] = {}  # local name -> envbisect module or name it is bound to
     external: set[str] = set()  # local names of third-party and stdlib modules
-    found = []
+    privates = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -46,30 +44,41 @@ def private_imports(path: Path) -> list[str]:
             if not base.startswith("envbisect"):
                 continue
             for alias in node.names:
-                if alias.name.startswith("_") and not alias.name.startswith("__"):
-                    if base != me:
-                        found.append(f"{path}:{node.lineno}: imports {base}.{alias.name}")
-                else:
-                    aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
+                if _private(alias.name) and base != me:
+                    privates.append((node.lineno, f"{base}.{alias.name}"))
+                aliases[alias.asname or alias.name] = f"{base}.{alias.name}"
         elif isinstance(node, ast.Import):
             for alias in node.names:
+                local = alias.asname or alias.name.split(".")[0]
                 if alias.name.startswith("envbisect"):
-                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name
+                    aliases[local] = alias.name
                 else:
-                    external.add(alias.asname or alias.name.split(".")[0])
+                    external.add(local)
+    return aliases, external, privates
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(path: Path) -> list[str]:
+    """``path``'s imports of names private to another module, and its reaches into other
+    objects' private fields."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    me = module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    aliases, external, privates = _bindings(tree, me, package)
+    found = [f"{path}:{line}: imports {name}" for line, name in privates]
     lines = path.read_text(encoding="utf-8").splitlines()
     for node in ast.walk(tree):
         if not (
             isinstance(node, ast.Attribute)
-            and node.attr.startswith("_")
-            and not node.attr.startswith("__")
+            and _private(node.attr)
             and node.attr not in NAMEDTUPLE_API
         ):
             continue
         base = node.value
-        if isinstance(base, ast.Name) and base.id in ("self", "cls"):
-            continue
-        if isinstance(base, ast.Name) and base.id in external:
+        if isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in external):
             continue
         if "# private:" in lines[node.lineno - 1]:
             continue

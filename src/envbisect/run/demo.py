@@ -123,10 +123,6 @@ def _uv() -> str:
     return found
 
 
-def _pip_install(sc: Scenario, requirement: str) -> None:
-    _run([_uv(), "pip", "install", "-q", "--python", str(sc.venv_python), requirement])
-
-
 def _torch_site() -> Path:
     """The site directory the installed CPU torch lives in (reused, never downloaded).
 
