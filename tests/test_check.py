@@ -182,7 +182,8 @@ def test_git_bisect_run_finds_the_commit_that_made_tokens_expensive(tmp_path: Pa
 
 def test_check_with_the_built_in_drafter_on_cpu(tmp_path: Path) -> None:
     """The default smoke test, shipped on stdin to the target python (real torch, CPU)."""
-    from envbisect.run.runner import SmokeCommand, check
+    from envbisect.run.check import check
+    from envbisect.run.launch import SmokeCommand
     from envbisect.transport import Transport
 
     smoke = SmokeCommand(
@@ -259,7 +260,8 @@ with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
 def test_check_takes_its_samples_from_one_process(tmp_path: Path) -> None:
     script, starts = tmp_path / "windows.py", tmp_path / "starts.txt"
     script.write_text(WINDOWS)
-    from envbisect.run.runner import SmokeCommand, check
+    from envbisect.run.check import check
+    from envbisect.run.launch import SmokeCommand
     from envbisect.transport import Transport
 
     res = check(
@@ -275,7 +277,8 @@ def test_check_takes_its_samples_from_one_process(tmp_path: Path) -> None:
 
 
 def test_a_command_with_one_figure_is_run_once_per_sample(tmp_path: Path) -> None:
-    from envbisect.run.runner import SmokeCommand, check
+    from envbisect.run.check import check
+    from envbisect.run.launch import SmokeCommand
     from envbisect.transport import Transport
 
     starts = tmp_path / "starts.txt"

@@ -11,7 +11,7 @@ from typing import Any
 from envbisect.model.facts import describe, explain, flex_mode, from_drafter
 from envbisect.render.report import why_lines
 from envbisect.run import probed
-from envbisect.run.runner import Culprit, RunResult
+from envbisect.run.result import Culprit, RunResult
 
 
 def _facts(**over: Any) -> dict[str, Any]:

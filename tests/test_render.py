@@ -16,7 +16,8 @@ import yaml
 
 from envbisect.diff import DiffResult, diff_manifests
 from envbisect.model import manifest
-from envbisect.render.diff import FORMATS, render, show_value
+from envbisect.render.diff import FORMATS, render
+from envbisect.run.shown import show_value
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"

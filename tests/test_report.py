@@ -16,7 +16,8 @@ from envbisect.cli import cli
 from envbisect.diff import diff_manifests
 from envbisect.model import manifest as mf
 from envbisect.render.report import as_json, explain_trial, render_markdown, trial_table
-from envbisect.run.runner import Culprit, RunResult, SmokeCommand, TrialRow
+from envbisect.run.launch import SmokeCommand
+from envbisect.run.result import Culprit, RunResult, TrialRow
 from tests.helpers_run import Scenario, build_wheel, freeze, make_venv, pkg
 
 
@@ -145,7 +146,7 @@ def test_the_json_document_names_its_schema_and_flags_outliers(tmp_path: Path) -
 
 def test_outliers_are_states_beyond_either_endpoint_by_more_than_the_noise() -> None:
     """Found 2: a state ran 1.8× faster than the good state and nothing noticed."""
-    from envbisect.run.runner import outlier
+    from envbisect.run.result import outlier
 
     good, bad = [18000.0, 18500.0, 17600.0], [9000.0, 9100.0, 8800.0]
     assert outlier([31000.0, 29000.0, 33000.0], good, bad, 0.03) == (

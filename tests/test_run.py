@@ -753,7 +753,7 @@ def test_log_shows_the_trials_run_showed_one_number_per_state(
     log = CliRunner().invoke(cli, ["log", "--session", str(tmp_path / "session")])
     assert log.exit_code == 0
     from envbisect.render.report import trial_table
-    from envbisect.run.runner import TrialRow
+    from envbisect.run.result import TrialRow
 
     assert trial_table([TrialRow.from_dict(r) for r in rows]) in log.output
     assert trial_table([TrialRow.from_dict(r) for r in rows]) in res.stdout
@@ -764,7 +764,7 @@ def test_log_shows_the_trials_run_showed_one_number_per_state(
 
 
 def test_env_diffs_in_trial_logs_are_redacted_by_name_and_by_value() -> None:
-    from envbisect.run.runner import env_diff
+    from envbisect.run.triallog import env_diff
 
     diff = env_diff(
         {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz123456", "NOTE": "ghp_" + "a" * 36, "X": "1"},

@@ -284,7 +284,7 @@ def test_builtin_smoke_gets_the_per_trial_environment_on_the_far_side(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The drafter shipped on stdin sees the state's variables (set and unset) over ssh+pct."""
-    from envbisect.run.runner import SmokeCommand, run_once
+    from envbisect.run.launch import SmokeCommand, run_once
     from envbisect.transport import Transport
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # here, and unset by the state

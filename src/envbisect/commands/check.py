@@ -23,7 +23,7 @@ from envbisect.commands.common import (
 )
 
 if TYPE_CHECKING:
-    from envbisect.run.runner import CheckResult
+    from envbisect.run.check import CheckResult
 
 
 @click.command("check", context_settings={"ignore_unknown_options": True})
@@ -62,7 +62,7 @@ def command(
     drafter smoke test, runs in --python.
     """
     from envbisect.model.errors import UsageError
-    from envbisect.run.runner import check
+    from envbisect.run.check import check
 
     config = load_config(config_path)
     goal = resolve_threshold(until_ktoks, until, config, relative=False)

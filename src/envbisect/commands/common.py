@@ -14,7 +14,7 @@ from envbisect.model.errors import TransportError
 if TYPE_CHECKING:
     from envbisect.model.config import Config
     from envbisect.model.metric import Threshold
-    from envbisect.run.runner import SmokeCommand
+    from envbisect.run.launch import SmokeCommand
     from envbisect.transport import Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -192,7 +192,7 @@ def smoke_command(
 
     from envbisect.model.errors import UsageError
     from envbisect.model.metric import MetricSpec
-    from envbisect.run.runner import SmokeCommand
+    from envbisect.run.launch import SmokeCommand
 
     regex = metric_regex or getattr(config, "metric_regex", None)
     if warmup_lines is not None and not regex:

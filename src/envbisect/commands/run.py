@@ -31,7 +31,9 @@ from envbisect.commands.common import (
 if TYPE_CHECKING:
     from envbisect.model.config import Config
     from envbisect.model.metric import Threshold
-    from envbisect.run.runner import RunOptions, RunResult, SmokeCommand
+    from envbisect.run.launch import SmokeCommand
+    from envbisect.run.options import RunOptions
+    from envbisect.run.result import RunResult
     from envbisect.snapshot.reconstruct import Reconstruction
     from envbisect.transport import Transport
 
@@ -159,7 +161,8 @@ def command(**flags: Any) -> int:
     from envbisect.model.escape import terminal
     from envbisect.model.manifest import check_writable
     from envbisect.render import report
-    from envbisect.run.runner import good_command_line, validate_options
+    from envbisect.run.endpoints import good_command_line
+    from envbisect.run.options import validate_options
     from envbisect.snapshot.reconstruct import parse_as_of
 
     args = RunFlags(**flags)
@@ -264,7 +267,7 @@ class RunFlags:
         smoke: SmokeCommand,
     ) -> RunOptions:
         """The run these flags ask for (the workers resolved on ``target``)."""
-        from envbisect.run.runner import RunOptions
+        from envbisect.run.options import RunOptions
         from envbisect.run.workers import resolve as resolve_workers
 
         transport, py = target

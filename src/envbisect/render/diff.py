@@ -9,7 +9,6 @@ added only when the caller says the output is a terminal.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from tabulate import tabulate
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.diff import Change, ChangeKind, DiffResult, Unit
 from envbisect.model.escape import printable
+from envbisect.run.shown import show_value
 
 FORMATS: tuple[str, ...] = ("table", "markdown", "json", "yaml")
 
@@ -44,7 +44,6 @@ _KIND_COLORS = {
     ChangeKind.DOWNGRADED: "yellow",
     ChangeKind.CHANGED: "magenta",
 }
-_HEX = re.compile(r"^[0-9a-f]{40,64}$")
 
 
 def render(result: DiffResult, fmt: str, *, color: bool = False) -> str:
@@ -60,18 +59,6 @@ def render(result: DiffResult, fmt: str, *, color: bool = False) -> str:
     if fmt == "yaml":
         return render_yaml(result)
     raise ValueError(f"unknown format {fmt!r}")
-
-
-def show_value(value: Any) -> str:
-    """A compared value as a person reads it: hashes shortened, secrets never shown."""
-    if value is None:
-        return "-"
-    if isinstance(value, dict) and "redacted" in value:
-        return "<redacted>"
-    text = printable(value)
-    if _HEX.match(text):
-        return text[:12]
-    return text
 
 
 def change_text(change: Change) -> str:

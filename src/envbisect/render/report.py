@@ -19,7 +19,7 @@ from envbisect.model.escape import printable
 from envbisect.model.history import UNCOMMITTED, HunkCulprit
 from envbisect.model.metric import Threshold, format_ktok, format_tok
 from envbisect.model.session import Session
-from envbisect.run.runner import Culprit, RunResult, TrialRow
+from envbisect.run.result import Culprit, RunResult, TrialRow
 
 # The --json document of ``run``; bump the number when a field changes meaning.
 RUN_SCHEMA = "envbisect/run@1"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from envbisect.model import manifest as mf
 from envbisect.model.errors import EnvBisectError, WorkerError
 from envbisect.model.failure import FailureKind
-from envbisect.model.session import Session, state_key
+from envbisect.model.session import Session
 from envbisect.realize.actuate import Actuator
 from envbisect.run.workers import (
     Calibration,
@@ -34,7 +34,8 @@ from envbisect.transport import Transport, kill_running
 if TYPE_CHECKING:
     from envbisect.diff import DiffResult
     from envbisect.model.metric import Measurement
-    from envbisect.run.runner import RunOptions, _TrialRunner
+    from envbisect.run.options import RunOptions
+    from envbisect.run.trial import TrialRunner
 
 Progress = Callable[[str], None]
 T = TypeVar("T")
@@ -155,7 +156,7 @@ Calibrated = tuple[list[Worker], dict[str, float], dict[State, str]]
 
 def calibrate_workers(
     workers: Sequence[Worker],
-    tester: _TrialRunner,
+    tester: TrialRunner,
     *,
     session: Session,
     samples: int,
@@ -184,7 +185,7 @@ def calibrate_workers(
         cancel,
         on_cancel,
     )
-    _replay_as_good_endpoint(tester, ref)
+    tester.replay_as_good_endpoint(ref.name)
     measured: list[tuple[str, tuple[float, ...]]] = []
     for w, out in zip(workers, outs, strict=True):
         if out.failure or not out.samples:
@@ -220,17 +221,6 @@ def _logged_calibration(workers: Sequence[Worker], session: Session) -> list[Cal
         for e in session.events()
         if e.get("type") == "calibration" and e.get("worker") in names
     ]
-
-
-def _replay_as_good_endpoint(tester: _TrialRunner, ref: Worker) -> None:
-    """The search replays the reference worker's trial of the good state as its good
-    endpoint (rather than measuring it again)."""
-    key = state_key((), ())
-    for rec in reversed(tester.records):
-        if rec.key == key and rec.worker == ref.name:
-            tester.records.remove(rec)
-            tester.replay[key] = rec
-            return
 
 
 def calibrate_each(
@@ -276,7 +266,7 @@ def _all_at_once(
 def prepare(
     workers: Sequence[Worker],
     *,
-    tester: _TrialRunner,
+    tester: TrialRunner,
     actuator: Actuator,
     units: Sequence[str],
     diff: DiffResult,
@@ -288,7 +278,6 @@ def prepare(
     from envbisect.run.slurm import Allocations, annotate
 
     allocations = Allocations()
-    tester.allocations = allocations
 
     def on_cancel() -> None:
         kill_running()
@@ -301,9 +290,9 @@ def prepare(
             allocations.cancel_worker(worker.name)
         return annotate(m, stderr)
 
-    tester.after_run = after_run
+    tester.use_workers(after_run=after_run, allocations=allocations)
     workers = allocations.open(list(workers), session.root)
-    tester.actuators.update(worker_actuators(workers, actuator, units, diff))
+    tester.add_actuators(worker_actuators(workers, actuator, units, diff))
     check_facts(
         workers,
         transport=options.transport,

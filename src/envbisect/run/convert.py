@@ -1,0 +1,262 @@
+"""The engine's result as a run's: the outcome as users read it, the culprits with their
+evidence and details, the trial table numbered as the session numbers trials, and the
+trials of the steps below the engine (hunks, packages) added."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from envbisect.model.facts import explain as explain_facts
+from envbisect.model.history import HunkCulprit
+from envbisect.model.metric import format_ktok, format_tok
+from envbisect.run import probed
+from envbisect.run.context import RunContext
+from envbisect.run.options import RunOptions
+from envbisect.run.result import Culprit, RunResult, TrialRow, applied_names, outlier, trial_number
+from envbisect.search.engine import SearchResult, State, Trial
+from envbisect.search.verdict import Noise, median
+
+if TYPE_CHECKING:
+    from envbisect.diff import Unit
+    from envbisect.search.hunkrun import HunkTrial
+    from envbisect.search.pkgrun import PackageFinding
+
+
+def step_rows(
+    trials: Sequence[HunkTrial],
+    context: RunContext,
+    number: Callable[[State], int],
+    labels: Mapping[State, str] | None = None,
+) -> tuple[TrialRow, ...]:
+    """The trials of a step below the engine as rows (``labels``: what a state's position
+    stands for, shown instead of it); their verdicts logged."""
+    rows = []
+    for t in trials:
+        n = number(t.state)
+        applied = applied_names(t.state.applied, t.state.positions)
+        if labels and t.state in labels:
+            at = dict(t.state.positions)
+            applied = tuple(
+                f"{u}[{labels[t.state]}]" if u in at else u for u in sorted(t.state.applied)
+            )
+        rows.append(
+            TrialRow(
+                index=n,
+                applied=applied,
+                samples=t.samples,
+                median=median(t.samples) if t.samples else None,
+                verdict=t.verdict.value,
+                failure=t.failure,
+                purpose=t.purpose,
+            )
+        )
+        context.session.append(
+            {"type": "verdict", "index": n, "verdict": t.verdict.value, "median": rows[-1].median}
+        )
+    return tuple(rows)
+
+
+def with_within(
+    out: RunResult, within: Sequence[PackageFinding], rows: tuple[TrialRow, ...]
+) -> RunResult:
+    """The run's result with the package step's trials and each finding on its culprit."""
+    if not within:
+        return out
+    by_unit = {f.unit: f for f in within}
+    culprits = tuple(
+        replace(c, within=by_unit[c.unit.id]) if c.unit.id in by_unit else c for c in out.culprits
+    )
+    return replace(out, culprits=culprits, trials=out.trials + rows)
+
+
+def with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ...]) -> RunResult:
+    """The run's result with the hunk search's trials and the hunk on its culprit."""
+    if not rows and hunk is None:
+        return out
+    culprits = tuple(
+        replace(c, hunk=hunk, commit=hunk.version.item if hunk.version.committed else None)
+        if hunk is not None and c.unit.id == hunk.unit
+        else c
+        for c in out.culprits
+    )
+    return replace(out, culprits=culprits, trials=out.trials + rows)
+
+
+def _unfaithful_good(
+    outcome: str, message: str, result: SearchResult, blocked: Mapping[str, str]
+) -> tuple[str, str]:
+    """A good endpoint that is not clearly fast while changes that could not be realized
+    stayed in their bad form is no evidence that "the cause is outside the recorded
+    software" or that the regression "does not reproduce": the cause may be exactly one of
+    those changes. Say so instead of "not reproduced". (A bad endpoint that runs fast is a
+    real answer: it is the bad state as it is.)"""
+    if outcome != "not-reproduced" or not blocked or not result.trials:
+        return outcome, message
+    ends = {t.state.applied: t for t in result.trials[:2]}
+    good = ends.get(frozenset())
+    bad = next((t for a, t in ends.items() if a), None)
+    if good is None or good.verdict.value == "good" or (bad and bad.verdict.value == "good"):
+        return outcome, message
+    reasons = "; ".join(blocked[u] for u in sorted(blocked))
+    return "unfaithful", (
+        "the good state could not be realized faithfully: these changes stayed as in the "
+        f"bad state ({reasons}); with them in place it did not run clearly faster than the "
+        "bad state, so the cause is probably among them — make them realizable and run again"
+    )
+
+
+def _details(unit: Unit, commit: str | None, context: RunContext) -> tuple[str, ...]:
+    """What the culprit changed, shown (content diff, commits, versions); never fails."""
+    from envbisect.run.explain import details
+
+    actuator = context.actuator
+    if actuator is None:
+        return ()
+    try:
+        return details(
+            unit,
+            commit,
+            good=actuator.good,
+            bad=actuator.bad,
+            blob=actuator._blob,
+            local=not context.options.transport.layers,
+        )
+    except (OSError, ValueError) as exc:
+        return (f"(cannot show the change: {exc})",)
+
+
+def _threshold_hint(result: SearchResult, options: RunOptions) -> str:
+    """When a given threshold does not separate endpoints that differ by more than the
+    noise, the threshold that would: midway (geometric) between their medians."""
+    if options.goal.value is None and options.goal.fraction is None:
+        return ""
+    ends = result.trials[:2]
+    if len(ends) < 2 or any(t.failure or not t.samples for t in ends):
+        return ""
+    good, bad = (ends[0], ends[1]) if not ends[0].state.applied else (ends[1], ends[0])
+    g, b = median(good.samples), median(bad.samples)
+    noise = Noise(sigma=result.noise or 0.03, dof=1)
+    se = math.hypot(noise.median_se(len(good.samples)), noise.median_se(len(bad.samples)))
+    if math.log(g) - math.log(b) <= max(0.05, 3 * se):
+        return ""
+    mid = math.sqrt(g * b)
+    return (
+        f"; the endpoints themselves differ (good {format_ktok(g)}, bad {format_ktok(b)} "
+        f"Ktok/s): a threshold of {format_tok(mid)} would separate them"
+    )
+
+
+def run_result(result: SearchResult, context: RunContext, numbers: Mapping[str, int]) -> RunResult:
+    """The run's result from the engine's: the outcome as users read it, the culprits with
+    their evidence and details, the trial table numbered as the session numbers trials."""
+    outcome, message = _unfaithful_good(
+        result.outcome.value, result.message or "", result, context.blocked
+    )
+    if outcome == "not-reproduced":
+        message += _threshold_hint(result, context.options)
+    culprits, notes = _culprits(result, context, numbers)
+    session = context.session
+    rows = tuple(
+        replace(r, facts=probed.trial_facts(session.trial_dir(r.index)))
+        for r in _rows(result, numbers)
+    )
+    culprits = tuple(replace(c, why=_why(c, rows)) for c in culprits)
+    full = {u for t in result.trials for u in t.state.applied}
+    bad_med = next(
+        (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
+        None,
+    )
+    failed = _failed_confirmation(result, culprits, numbers) if outcome == "found" else None
+    if failed is not None:
+        outcome, message, culprits = "unconfirmed", failed, ()
+    return replace(
+        context.result(outcome=outcome, threshold=result.threshold, message=message),
+        culprits=culprits,
+        trials=rows,
+        notes=(*context.notes, *notes),
+        findings=result.notes,
+        good_median=next((r.median for r in rows if not r.applied), None),
+        bad_median=bad_med,
+        noise=result.noise,
+    )
+
+
+def _failed_confirmation(
+    result: SearchResult, culprits: Sequence[Culprit], numbers: Mapping[str, int]
+) -> str | None:
+    """Why no culprit may be named although one was isolated: the state with everything but
+    it gave no number (a crash, no metric), so nothing shows that reverting it restores
+    speed. None when every culprit's confirmation ran."""
+    full = frozenset(u for t in result.trials for u in t.state.applied)
+    by_state = {t.state.applied: t for t in result.trials if not t.state.positions}
+    for c in culprits:
+        units = frozenset([c.unit.id, *c.together_with])
+        without = by_state.get(full - units)
+        if without is None or not without.failure or not (full - units):
+            continue
+        return (
+            f"{' + '.join(sorted(units))} looked guilty, but the confirmation with everything "
+            f"but it (trial {trial_number(without, numbers)}) failed ({without.failure}): "
+            "no culprit is named; see that trial's log"
+        )
+    return None
+
+
+def _culprits(
+    result: SearchResult, context: RunContext, numbers: Mapping[str, int]
+) -> tuple[tuple[Culprit, ...], tuple[str, ...]]:
+    """One Culprit per unit the engine isolated (a repo's at its first bad commit), and a
+    note for each repo whose first bad commit is one of several."""
+    units = {u.id: u for u in context.diff.units}
+    culprits: list[Culprit] = []
+    notes: list[str] = []
+    for found in result.culprits:
+        narrowed = {n.unit: n for n in found.narrowed}
+        for unit_id in found.units:
+            commit = None
+            n = narrowed.get(unit_id)
+            if n is not None and n.first_bad is not None:
+                commit = n.items[0]  # items holds the commits at the candidate positions
+            elif n is not None:
+                shown = ", ".join(i[:12] for i in n.items)
+                notes.append(f"{unit_id}: the first bad commit is one of {shown}")
+            evidence = n.evidence if n is not None and n.evidence is not None else found.alone
+            culprits.append(
+                Culprit(
+                    units[unit_id],
+                    commit,
+                    good_median=evidence.good.median,
+                    bad_median=evidence.bad.median,
+                    together_with=tuple(u for u in found.units if u != unit_id),
+                    details=_details(units[unit_id], commit, context),
+                    good_trial=trial_number(evidence.good, numbers),
+                    bad_trial=trial_number(evidence.bad, numbers),
+                )
+            )
+    return tuple(culprits), tuple(notes)
+
+
+def _why(culprit: Culprit, rows: Sequence[TrialRow]) -> tuple[str, ...]:
+    """The facts of the culprit's evidence trials that differ, good vs bad."""
+    by_index = {r.index: r.facts for r in rows}
+    if culprit.good_trial is None or culprit.bad_trial is None:
+        return ()
+    return explain_facts(by_index.get(culprit.good_trial), by_index.get(culprit.bad_trial))
+
+
+def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, ...]:
+    """The trial table; a state faster than good or slower than bad is flagged."""
+    good_t = next((t for t in result.trials if not t.state.applied), None)
+    full_t = result.trials[1] if len(result.trials) > 1 else None
+    sigma = result.noise or 0.03
+
+    def flag(t: Trial) -> str | None:
+        if t.failure or t is good_t or t is full_t or good_t is None:
+            return None
+        bad_samples = full_t.samples if full_t is not None and not full_t.failure else ()
+        return outlier(t.samples, good_t.samples, bad_samples, sigma)
+
+    return tuple(TrialRow.of(t, trial_number(t, numbers), flag(t)) for t in result.trials)

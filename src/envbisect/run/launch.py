@@ -1,0 +1,279 @@
+"""One run of the smoke command: what a trial runs (``SmokeCommand``), where and how
+(``RunSpec``), how it went (``Launch``, ``RunLog``), and ``run_once``, which reads its
+throughput and never raises for a bad run.
+
+The built-in drafter is shipped on stdin and its result comes back in a frame; a user
+command is run as typed (under the probe when it is Python), its paths mapped into the
+state. Through ``--via``/``--target`` the state's environment reaches the far process as
+innermost ``env [-u NAME ...] NAME=value ...`` layers (``far_transport``): the difference
+from this process's own environment. Each run goes through ``Transport.run`` (its process
+group is killed at the timeout) with full stdout/stderr under the log dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbisect.model.errors import TransportError
+from envbisect.model.facts import from_drafter
+from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricSpec, measure
+from envbisect.run import probed
+from envbisect.transport import Layer, LayerKind, Transport
+from envbisect.transport.bundle import build_bundle, find_frame
+
+if TYPE_CHECKING:
+    pass
+
+
+DRAFTER = "envbisect.agent.drafter"
+
+
+# ----------------------------------------------------------------------------- one run
+
+# Failures of a run that count towards a state's crash rate (a build failure is no run).
+CRASH_KINDS = (FailureKind.CRASH, FailureKind.TIMEOUT)
+
+
+@dataclass(frozen=True)
+class SmokeCommand:
+    """What a trial runs: a user argv (after ``--``) or, when ``argv`` is empty, the drafter."""
+
+    argv: tuple[str, ...] = ()
+    metric: MetricSpec | None = None
+    drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
+    probe: bool = True  # a Python command runs under the probe (envbisect.run.probed)
+
+    @property
+    def builtin(self) -> bool:
+        return not self.argv
+
+    def describe(self) -> str:
+        if self.builtin:
+            preset = self.drafter_params.get("preset", "auto")
+            return f"built-in drafter smoke test (preset {preset})"
+        import shlex
+
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Where and how one run of the smoke command goes (see ``run_once``)."""
+
+    transport: Transport
+    python: str
+    env: Mapping[str, str] | None  # the run's whole environment; None: this process's
+    cwd: Path | None
+    timeout_s: float
+    log_dir: Path  # <name>.stdout, <name>.stderr, <name>.result.json
+    name: str
+    argv_map: Callable[[Sequence[str]], list[str]] | None = None  # the state's paths
+    samples: int = 1  # timed windows asked of the one process
+    pin: tuple[str, ...] = ()  # words put in front of the innermost command (taskset -c N)
+
+    @property
+    def remote(self) -> bool:
+        """Through layers: the local environment and cwd only reach the first hop."""
+        return bool(self.transport.layers)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process of a run as it ended (``started`` False: it never did)."""
+
+    argv: tuple[str, ...]  # as logged (the drafter's shows what went on stdin)
+    program: str | None = None  # what a bare name resolved to under the state's PATH
+    started: bool = False
+    exit_status: int | None = None
+    timed_out: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+    # Known without reading a metric: the agent's own error, a command that cannot start.
+    reading: Measurement | None = None
+    probed: bool = False  # ran under the probe (envbisect.run.probed); argv is as typed
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """How one run went, as ``trial.json`` lists it under ``runs``."""
+
+    name: str
+    cwd: Path | None
+    launch: Launch
+    wall_s: float
+    measurement: Measurement
+    contention: Mapping[str, Any] | None = None  # other processes' load during the run
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "cwd": str(self.cwd) if self.cwd is not None else None,
+            "argv": list(self.launch.argv),
+        }
+        if self.launch.program is not None:
+            out["program"] = self.launch.program
+        if self.launch.started:
+            out.update(exit_status=self.launch.exit_status, timed_out=self.launch.timed_out)
+        if self.launch.probed:
+            out["probe"] = f"ran under the probe; facts in {self.name}{probed.FACTS_SUFFIX}"
+        m = self.measurement
+        return {
+            **out,
+            "wall_s": self.wall_s,
+            "tok_per_s": m.tok_per_s,
+            "samples": list(m.samples),
+            "failure": m.failure,
+            "source": m.source,
+            **({"contention": dict(self.contention)} if self.contention is not None else {}),
+        }
+
+
+def run_once(
+    smoke: SmokeCommand,
+    spec: RunSpec | None = None,
+    *,
+    record: Callable[[RunLog], None] | None = None,
+    **where: Any,
+) -> Measurement:
+    """Run the smoke command once and read its throughput (never raises for a bad run).
+
+    ``spec`` says where and how; without it, its fields as keywords (``transport=...,
+    python=..., env=..., cwd=..., timeout_s=..., log_dir=..., name=...``).
+    ``spec.samples`` timed windows are asked of the one process (the built-in drafter
+    through its params, any other command through ``$ENVBISECT_SAMPLES``): one start, one
+    warm-up. ``record`` receives how the run went: argv, cwd, exit status, wall time, the
+    reading.
+    """
+    spec = spec if spec is not None else RunSpec(**where)
+    started = time.monotonic()
+    launch, m = _run_once(smoke, spec)
+    if record is not None:
+        record(RunLog(spec.name, spec.cwd, launch, round(time.monotonic() - started, 3), m))
+    return m
+
+
+def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
+    spec.log_dir.mkdir(parents=True, exist_ok=True)
+    result_file = spec.log_dir / f"{spec.name}.result.json"
+    if result_file.exists():
+        result_file.unlink()
+    run_env = dict(spec.env if spec.env is not None else os.environ)
+    run_env[SAMPLES_ENV] = str(spec.samples)
+    if not spec.remote:
+        run_env[RESULT_ENV] = str(result_file)  # a path on this machine: not for a far side
+    if smoke.builtin:
+        launch, frame = _launch_drafter(smoke, spec, run_env)
+    else:
+        launch, frame = _launch_command(smoke, spec, run_env), None
+    if launch.reading is not None:
+        return launch, launch.reading
+    return launch, measure(
+        stdout=launch.stdout,
+        stderr=launch.stderr,
+        returncode=launch.exit_status,
+        timed_out=launch.timed_out,
+        timeout_s=spec.timeout_s,
+        result_file=None if spec.remote else result_file,
+        frame=frame,
+        spec=smoke.metric,
+    )
+
+
+def _launch_drafter(
+    smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]
+) -> tuple[Launch, dict[str, Any] | None]:
+    """The drafter shipped on stdin; its result comes back in a frame on stdout."""
+    params = {"samples": spec.samples, **dict(smoke.drafter_params)}
+    bundle = build_bundle(DRAFTER, params, deadline_s=spec.timeout_s)
+    launch = _launch(spec, run_env, [*spec.pin, spec.python, "-"], bundle.source, slack_s=5)
+    launch = replace(launch, argv=(spec.python, "-", f"(stdin: {DRAFTER} {params})"))
+    frame = find_frame(launch.stdout, bundle.nonce)
+    if frame is not None and "__agent_error__" not in frame:
+        # The drafter's facts in the probe's schema: the report explains both alike.
+        with contextlib.suppress(TypeError, ValueError, OSError):
+            facts = from_drafter(frame)
+            probed.write_facts(spec.log_dir / f"{spec.name}{probed.FACTS_SUFFIX}", facts)
+    if frame is not None and "__agent_error__" in frame:
+        failed = Measurement(None, Failure.crash(f"{frame['__agent_error__']}"), "frame")
+        return replace(launch, reading=failed), frame
+    return launch, frame
+
+
+def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str]) -> Launch:
+    """A user command, its paths mapped into the state; through layers it changes into the
+    state's cwd on the far side."""
+    typed = list(spec.argv_map(smoke.argv) if spec.argv_map else smoke.argv)
+    argv, delivery = typed, None
+    if smoke.probe:
+        wrapped = probed.wrap(typed, spec.python)
+        if wrapped.probed:
+            argv = list(wrapped.argv)
+            delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
+            run_env.update(delivery.env())
+    # Logged as typed (the probe's bootstrap is a detail of how it ran: ``probed``).
+    argv, logged = _placed(spec, argv), tuple(_placed(spec, typed))
+    program = None
+    if not spec.remote:
+        program = shutil.which(argv[0], path=run_env.get("PATH")) or argv[0]
+    try:
+        launch = replace(_launch(spec, run_env, argv), program=program)
+    except TransportError as exc:
+        # e.g. the state's PATH has no such program: this state cannot run the command.
+        failed = Measurement(None, Failure.crash(f"{exc}"), None)
+        return Launch(logged, program, reading=failed)
+    if delivery is None:
+        return launch
+    _facts, stdout = delivery.collect(launch.stdout, spec.log_dir, spec.name)
+    return replace(launch, stdout=stdout, argv=logged, probed=True)
+
+
+def _placed(spec: RunSpec, argv: list[str]) -> list[str]:
+    """``argv`` behind the run's pin words and, through layers, in the state's cwd."""
+    argv = [*spec.pin, *argv]
+    if spec.remote and spec.cwd is not None:
+        argv = ["sh", "-c", 'cd "$0" && exec "$@"', str(spec.cwd), *argv]
+    return argv
+
+
+def _launch(
+    spec: RunSpec, run_env: dict[str, str], argv: list[str], stdin: bytes = b"", slack_s: float = 0
+) -> Launch:
+    # Through layers the local environment only reaches the first hop: the state's
+    # variables ride in an innermost env layer instead.
+    via = far_transport(spec.transport, run_env) if spec.remote else spec.transport
+    res = via.run(
+        argv,
+        stdin=stdin,
+        timeout_s=spec.timeout_s + slack_s,
+        log_dir=spec.log_dir,
+        env=None if spec.remote else run_env,
+        cwd=None if spec.remote else spec.cwd,
+        name=spec.name,
+    )
+    return Launch(
+        tuple(argv),
+        started=True,
+        exit_status=res.returncode,
+        timed_out=res.timed_out,
+        stdout=res.stdout(),
+        stderr=res.stderr_path.read_bytes(),
+    )
+
+
+def far_transport(transport: Transport, env: Mapping[str, str]) -> Transport:
+    """``transport`` plus innermost ``env`` layers that make the far process's environment
+    differ from its own as ``env`` differs from ours: changed variables set, removed ones
+    unset (``env -u NAME``)."""
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    unset = [w for k in sorted(os.environ) if k not in env for w in ("-u", k)]
+    if unset:
+        transport = Transport((*transport.layers, Layer(("env", *unset), LayerKind.ARGV)))
+    return transport.with_env(changed)

@@ -1,0 +1,88 @@
+"""Progress as text: the callback type every part of a run reports through, and the
+engine's events as lines (``ProgressLines``), each verdict logged and outliers flagged."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from envbisect.model.session import Session
+from envbisect.run.result import outlier, trial_number
+from envbisect.search.engine import Event, EventKind, Trial
+from envbisect.search.verdict import Noise
+
+if TYPE_CHECKING:
+    pass
+
+
+Progress = Callable[[str], None]
+
+
+def quiet(_line: str) -> None:
+    return None
+
+
+def both_handlers(
+    first: Callable[[Event], None], then: Callable[[Event], None]
+) -> Callable[[Event], None]:
+    def both(event: Event) -> None:
+        first(event)
+        then(event)
+
+    return both
+
+
+class ProgressLines:
+    """The engine's progress events as lines, numbered as the session numbers trials; every
+    verdict is logged (``envbisect log`` prints what ``run`` printed) and outliers flagged."""
+
+    def __init__(self, out: Progress, session: Session, numbers: Mapping[str, int]) -> None:
+        self.out = out
+        self.session = session
+        self.numbers = numbers  # the session's trial numbers (filled as trials are claimed)
+        self.samples: dict[frozenset[str], tuple[float, ...]] = {}
+        self.all: frozenset[str] | None = None
+        self.groups: dict[int, tuple[float, ...]] = {}
+
+    def number(self, trial: Trial) -> int:
+        return trial_number(trial, self.numbers)
+
+    def __call__(self, event: Event) -> None:
+        message = event.message
+        trial = event.trial
+        if trial is not None:
+            number = self.number(trial)
+            prefix = f"trial {trial.index}"
+            if message.startswith(prefix):
+                message = f"trial {number}" + message[len(prefix) :]
+            if event.kind is EventKind.TRIAL_FINISHED:
+                flag = self._finished(trial, number)
+                if flag:
+                    message += f" — outlier: {flag}; see its trial.json"
+        left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
+        self.out(f"{message}{left}")
+
+    def _finished(self, trial: Trial, number: int) -> str | None:
+        """Log the trial's verdict; its outlier flag, if any."""
+        if trial.index == 2 and not trial.state.positions:
+            self.all = trial.state.applied
+        if not trial.failure:
+            self.groups[number] = tuple(trial.samples)
+        if not trial.state.positions:
+            self.samples[trial.state.applied] = tuple(trial.samples)
+        endpoint = not trial.state.applied or trial.state.applied == self.all
+        flag = None
+        if not endpoint and not trial.failure:
+            sigma = Noise.from_groups(self.groups.values()).sigma
+            bad = self.samples.get(self.all) if self.all is not None else None
+            flag = outlier(trial.samples, self.samples.get(frozenset(), ()), bad or (), sigma)
+        self.session.append(
+            {
+                "type": "verdict",
+                "index": number,
+                "verdict": trial.verdict.value,
+                "median": trial.median,
+                "outlier": flag,
+            }
+        )
+        return flag

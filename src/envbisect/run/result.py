@@ -1,0 +1,233 @@
+"""What a bisection found, as the commands and the report read it: ``RunResult``, its
+``Culprit``s and the trial table's ``TrialRow``s, with the run's outcomes as enums.
+
+``outlier`` says why a state's speed is itself a finding; ``trial_number`` numbers the
+engine's trials as the session numbers them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envbisect.model.history import HunkCulprit
+from envbisect.model.session import TrialRecord, state_key
+from envbisect.run.launch import SmokeCommand
+from envbisect.run.shown import show_value
+from envbisect.search.engine import Trial
+from envbisect.search.verdict import Noise, median
+
+if TYPE_CHECKING:
+    from envbisect.diff import DiffResult, Unit
+    from envbisect.search.pkgrun import PackageFinding
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the run presents it: a row of the trial table, numbered as the session
+    numbers trials (the engine's is ``search.Trial``, the logged one ``TrialRecord``)."""
+
+    index: int
+    applied: tuple[str, ...]
+    samples: tuple[float, ...]
+    median: float | None
+    verdict: str
+    failure: str | None = None
+    outlier: str | None = None  # faster than good / slower than bad beyond the noise
+    purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
+    round: int = 0
+    worker: str | None = None
+    facts: Mapping[str, Any] | None = None  # its last run's (probe or drafter), if any
+    runs: int = 0  # processes run; a crash ends one
+    crashes: int = 0
+    contended: int = 0  # samples taken while other processes loaded the machine
+    set_aside: tuple[float, ...] = ()  # samples under load, set aside when measured again
+
+    @property
+    def crash_rate(self) -> str | None:
+        """``crashed 2 of 6`` when a run of this state crashed."""
+        return f"crashed {self.crashes} of {self.runs}" if self.crashes else None
+
+    @classmethod
+    def of(cls, trial: Trial, index: int, outlier: str | None) -> TrialRow:
+        """The engine's trial, as trial ``index`` of the session."""
+        return cls(
+            index=index,
+            applied=applied_names(trial.state.applied, trial.state.positions),
+            samples=tuple(trial.samples),
+            median=trial.median,
+            verdict=trial.verdict.value,
+            failure=trial.failure,
+            outlier=outlier,
+            purpose=trial.purpose,
+            round=trial.round,
+            worker=trial.worker,
+            runs=trial.runs,
+            crashes=trial.crashes,
+            contended=sum(trial.contended),
+            set_aside=tuple(trial.set_aside),
+        )
+
+    @classmethod
+    def from_record(cls, rec: TrialRecord, verdict: Mapping[str, Any]) -> TrialRow:
+        """A logged trial, judged as its logged ``verdict`` event says (``{}``: not yet)."""
+        return cls(
+            index=rec.index,
+            applied=applied_names(rec.applied, rec.positions),
+            samples=rec.samples,
+            median=median(rec.samples) if rec.samples else None,
+            verdict=str(verdict.get("verdict") or "-"),
+            failure=rec.failure,
+            outlier=verdict.get("outlier"),
+            round=rec.round or 0,
+            worker=rec.worker,
+            runs=rec.runs,
+            crashes=rec.crashes,
+            contended=sum(rec.contended),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "purpose": self.purpose,
+            "applied": list(self.applied),
+            "samples": [round(s, 3) for s in self.samples],
+            "median": None if self.median is None else round(self.median, 3),
+            "verdict": self.verdict,
+            "failure": self.failure,
+            "outlier": self.outlier,
+            "round": self.round,
+            "worker": self.worker,
+            "runs": self.runs,
+            "crashes": self.crashes,
+            "crash_rate": self.crash_rate,
+            "contended_samples": self.contended,
+            "set_aside_samples": [round(s, 3) for s in self.set_aside],
+            "facts": self.facts,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrialRow:
+        return cls(
+            index=int(d["index"]),
+            applied=tuple(d.get("applied") or ()),
+            samples=tuple(float(x) for x in d.get("samples") or ()),
+            median=d.get("median"),
+            verdict=str(d.get("verdict") or "-"),
+            failure=d.get("failure"),
+            outlier=d.get("outlier"),
+            purpose=str(d.get("purpose") or ""),
+            round=int(d.get("round") or 0),
+            worker=d.get("worker"),
+            runs=int(d.get("runs") or 0),
+            crashes=int(d.get("crashes") or 0),
+            contended=int(d.get("contended_samples") or 0),
+            set_aside=tuple(float(x) for x in d.get("set_aside_samples") or ()),
+            facts=d.get("facts"),
+        )
+
+
+def applied_names(applied: Iterable[str], positions: Iterable[tuple[str, int]]) -> tuple[str, ...]:
+    """``git:/r@3`` for an ordered unit applied at a position, else the unit id; sorted."""
+    at = dict(positions)
+    return tuple(f"{u}@{at[u]}" if u in at else u for u in sorted(applied))
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A unit (and, for a repo, the first bad commit) found guilty, as the run presents it
+    (one per unit of the engine's ``search.Isolation``)."""
+
+    unit: Unit
+    commit: str | None = None
+    good_median: float | None = None  # the evidence: good state without it ...
+    bad_median: float | None = None  # ... and with it (alone on top of good)
+    together_with: tuple[str, ...] = ()  # other units of an interaction
+    details: tuple[str, ...] = ()  # what it changed: content diff, commits, versions
+    good_trial: int | None = None  # the trial numbers of the evidence
+    bad_trial: int | None = None
+    hunk: HunkCulprit | None = None  # a file in a repo: its first bad version and hunk
+    # A package unit: the torch stack's guilty component, the first bad release.
+    within: PackageFinding | None = None
+    why: tuple[str, ...] = ()  # the facts that differ, good vs bad (envbisect.model.facts)
+
+    def changes(self) -> list[dict[str, Any]]:
+        out = []
+        for c in self.unit.changes:
+            old, new = c.old, c.new
+            if c.section == "git" and self.commit:
+                new = self.commit
+            out.append({"key": c.key, "old": show_value(old), "new": show_value(new)})
+        return out
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a bisection found."""
+
+    outcome: str  # found | ambiguous | not-reproduced | unfaithful | aborted
+    threshold: float | None
+    culprits: tuple[Culprit, ...]
+    trials: tuple[TrialRow, ...]
+    diff: DiffResult
+    blocked: Mapping[str, str]
+    notes: tuple[str, ...]
+    session: Path
+    message: str
+    good_path: Path
+    bad_path: Path
+    smoke: SmokeCommand
+    good_median: float | None = None
+    bad_median: float | None = None
+    target_args: tuple[str, ...] = ()  # --config/--python/--via words that reproduce the run
+    # What the search says beside its culprits: others remain, a state measured again.
+    findings: tuple[str, ...] = ()
+    threshold_source: str = "default"
+    threshold_fraction: float | None = None
+    noise: float | None = None  # per-sample spread (log scale) the verdicts used
+    machine: Mapping[str, Any] = field(default_factory=dict)  # the report's header
+    # How the report's Next reproduces a state: the target interpreter, the command's cwd,
+    # the uv that built the venvs and the package sources' uv options.
+    python: str | None = None
+    cwd: str | None = None
+    uv: str = "uv"
+    uv_args: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.outcome == "found" and self.culprits else 1
+
+
+def outlier(
+    samples: Sequence[float],
+    good: Sequence[float],
+    bad: Sequence[float],
+    sigma: float,
+) -> str | None:
+    """Why a state's speed is itself a finding, or None: faster than the good endpoint or
+    slower than the bad one by more than the noise (z = 3 on the medians' difference, at
+    least 5%). Nothing in between the endpoints explains such a state: look at its log."""
+    if not samples or not good:
+        return None
+    noise = Noise(sigma=sigma, dof=1)
+    m = median(samples)
+
+    def beyond(ref: Sequence[float]) -> float:
+        se = math.hypot(noise.median_se(len(samples)), noise.median_se(len(ref)))
+        return max(0.05, 3 * se)
+
+    g = median(good)
+    if math.log(m) - math.log(g) > beyond(good):
+        return f"{m / g:.2f}× faster than the good state"
+    if bad:
+        b = median(bad)
+        if b > 0 and math.log(b) - math.log(m) > beyond(bad):
+            return f"{b / m:.2f}× slower than the bad state"
+    return None
+
+
+def trial_number(trial: Trial, numbers: Mapping[str, int]) -> int:
+    """The session's number of the engine's trial (its own index when not logged)."""
+    return numbers.get(state_key(trial.state.applied, trial.state.positions), trial.index)

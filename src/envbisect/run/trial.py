@@ -1,0 +1,473 @@
+"""A trial: the engine's test function (``TrialRunner``) realizes a state with
+``realize.actuate.Actuator``, checks it, runs the smoke command as many times as the engine
+asks and logs it; logged trials are replayed on ``--resume``.
+
+Every trial is appended to the session log before the engine sees it, so ``--resume`` after
+``kill -9`` feeds the logged samples back instead of measuring again. One state is one
+trial: more samples of a state go into the same trial number and directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envbisect.model.errors import CommandFailed
+from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.metric import Measurement, format_ktok
+from envbisect.model.session import Session, TrialRecord, state_key
+from envbisect.realize.actuate import Actuator, Realized
+from envbisect.realize.faithful import StateCheck, check_state, expected_facts
+from envbisect.run import cmdcheck, contention
+from envbisect.run.launch import CRASH_KINDS, RunLog, RunSpec, far_transport, run_once
+from envbisect.run.options import RunOptions
+from envbisect.run.progress import Progress
+from envbisect.run.triallog import TrialCall, write_trial_log
+from envbisect.search.engine import Outcome, State
+from envbisect.sections.caches import CACHE_ENV
+from envbisect.transport import Transport
+
+if TYPE_CHECKING:
+    from envbisect.run.slurm import Allocations
+    from envbisect.run.workers import Worker
+
+# A worker's reading of a finished run: its measurement, its stderr log, the worker.
+AfterRun = Callable[[Measurement, Path, "Worker"], Measurement]
+
+
+@dataclass
+class TrialWork:
+    """One trial while it runs: where, on what, and what it has gathered so far (mutable:
+    runs and samples accumulate while the state is realized)."""
+
+    state: State
+    n: int
+    worker: Worker | None
+    cancel: threading.Event | None
+    trial_dir: Path
+    actuator: Actuator
+    transport: Transport
+    first_run: int  # more samples of a trial continue its run numbering
+    samples: list[float] = field(default_factory=list)
+    runs: list[RunLog] = field(default_factory=list)
+    contended: list[bool] = field(default_factory=list)  # per sample
+    failure: Failure | None = None
+    untestable: bool = False
+    notes: tuple[str, ...] = ()
+    check: StateCheck | None = None
+
+    @property
+    def applied(self) -> frozenset[str]:
+        return frozenset(self.state.applied)
+
+    @property
+    def positions(self) -> dict[str, int]:
+        return dict(self.state.positions)
+
+    @property
+    def name(self) -> str | None:
+        return self.worker.name if self.worker is not None else None
+
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def outcome(self) -> Outcome:
+        """What the engine (or calibration, which reads samples and failure) is told."""
+        crashed = self.failure is not None and self.failure.kind in CRASH_KINDS and self.runs
+        return Outcome(
+            samples=tuple(self.samples),
+            failure=self.failure,
+            untestable=self.untestable,
+            worker=self.name,
+            runs=len(self.runs),
+            crashes=1 if crashed else 0,
+            contended=tuple(self.contended),
+        )
+
+
+class TrialRunner:
+    """The engine's test function: realize, check, run, log; replay logged trials on resume.
+
+    One state is one trial: more samples of a state go into the same trial number and
+    directory (``run-4``, ``run-5``, ...), so ``run``, ``log``, the session directory and the
+    report count trials the same way.
+    """
+
+    def __init__(
+        self,
+        options: RunOptions,
+        session: Session,
+        actuator: Actuator,
+        progress: Progress,
+        *,
+        n_units: int = 0,
+    ) -> None:
+        self.o = options
+        self.session = session
+        self.actuator = actuator
+        self.progress = progress
+        self.replay: dict[str, TrialRecord] = {}
+        self.index_of: dict[str, int] = {}
+        for rec in session.trials():
+            self.replay[rec.key] = rec
+            self.index_of[rec.key] = rec.index
+        self.records: list[TrialRecord] = []
+        self.n_units = n_units  # the endpoints' samples come from two processes (_sample)
+        # Workers measure in threads: trial numbers, the log and the replay under one lock.
+        self._lock = threading.Lock()
+        self.actuators: dict[str, Actuator] = {}  # worker name -> its own (a target's)
+        self.rounds: Mapping[State, int] = {}  # state -> round, filled from engine events
+        # Set by use_workers: a worker's reading of a finished run (Slurm's reason for a
+        # kill) and the Slurm allocations to cancel at the end.
+        self.after_run: AfterRun | None = None
+        self.filled: set[str] = set()  # states whose warm caches a run has made (_fill)
+        self.fill_writes_nothing = False  # a filling run left its cache dirs empty
+        self.fill_notes: list[str] = []  # how warm caches were made, for the result
+        self.allocations: Allocations | None = None
+        self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
+
+    def __call__(self, state: State, n: int) -> Outcome:
+        return self.measure(state, n)
+
+    def use_workers(self, *, after_run: AfterRun, allocations: Allocations) -> None:
+        """Measure on workers (``envbisect.run.parallel``): ``after_run`` reads a worker's
+        finished run; ``allocations`` are the Slurm jobs to cancel when the run ends."""
+        self.after_run = after_run
+        self.allocations = allocations
+
+    def add_actuators(self, actuators: Mapping[str, Actuator]) -> None:
+        """The actuators of workers with a target of their own, by worker name (the other
+        workers share this runner's)."""
+        self.actuators.update(actuators)
+
+    def replay_as_good_endpoint(self, worker: str) -> None:
+        """The search replays ``worker``'s trial of the good state as its good endpoint
+        (rather than measuring it again): calibration measured it."""
+        key = state_key((), ())
+        with self._lock:
+            for rec in reversed(self.records):
+                if rec.key == key and rec.worker == worker:
+                    self.records.remove(rec)
+                    self.replay[key] = rec
+                    return
+
+    def measure(
+        self,
+        state: State,
+        n: int,
+        worker: Worker | None = None,
+        cancel: threading.Event | None = None,
+        *,
+        calibration: bool = False,
+    ) -> Outcome:
+        """``n`` samples of ``state`` (on ``worker``, when several run); logged and replayed
+        as trials, except ``calibration`` runs (the caller logs those). Nothing is logged
+        when ``cancel`` is set by the end: the round was abandoned (Ctrl-C)."""
+        key = state_key(frozenset(state.applied), state.positions)
+        logged, index = (None, 0) if calibration else self._claim(key)
+        if logged is not None:
+            self.progress(f"  replayed from the session log: {logged.log_dir}")
+            return Outcome(
+                samples=logged.samples,
+                failure=logged.failure,
+                untestable=logged.untestable,
+                worker=logged.worker,
+                runs=logged.runs,
+                crashes=logged.crashes,
+                contended=logged.contended,
+            )
+        work = self._work(
+            state, n, worker, cancel, self._trial_dir(index, _worker_name(worker), calibration)
+        )
+        started = time.monotonic()
+        with work.actuator.realize(work.applied, work.positions, work.trial_dir) as realized:
+            realized = self._gather(work, realized)
+            if calibration:
+                return work.outcome()
+            call = TrialCall(
+                realized,
+                work.transport,
+                work.check,
+                tuple(work.runs),
+                time.monotonic() - started,
+                work.failure,
+            )
+            write_trial_log(work.trial_dir, index, sorted(work.applied), work.positions, call)
+        outcome = self._log(work, key, index)
+        self._endpoint_guard(work, realized)
+        return outcome
+
+    def _endpoint_guard(self, work: TrialWork, realized: Realized) -> None:
+        """Stop the run, in the command's own words, when the good endpoint cannot run the
+        command or both endpoints fail the same way (``envbisect.run.cmdcheck``)."""
+        if work.failure is None or work.untestable or work.positions or not work.runs:
+            return
+        run = _run_facts(work, realized.python, realized.origin)
+        if not work.applied:
+            self.endpoint_runs["good"] = run
+            if cmdcheck.good_stops(run):
+                raise CommandFailed(cmdcheck.message("good", run))
+        elif len(work.applied) == self.n_units:
+            self.endpoint_runs["bad"] = run
+            if cmdcheck.no_metric(run.failure) and "good" not in self.endpoint_runs:
+                raise CommandFailed(cmdcheck.message("bad", run))
+        good, bad = self.endpoint_runs.get("good"), self.endpoint_runs.get("bad")
+        if good is not None and bad is not None and cmdcheck.same_failure(good, bad):
+            raise CommandFailed(cmdcheck.message("good", good, both=True))
+
+    def _claim(self, key: str) -> tuple[TrialRecord | None, int]:
+        """The logged trial of this state to replay, or the trial number to measure it as."""
+        with self._lock:
+            logged = self.replay.pop(key, None)
+            if logged is not None:
+                self.records.append(logged)
+                return logged, 0
+            known = self.index_of.get(key)
+            if known is None:
+                # Trials of one round are numbered before any of them is logged.
+                taken = max(self.index_of.values(), default=0)
+                known = max(self.session.next_trial_index(), taken + 1)
+                self.index_of[key] = known
+            return None, known
+
+    def _trial_dir(self, index: int, name: str | None, calibration: bool) -> Path:
+        if not calibration:
+            return self.session.trial_dir(index)
+        trial_dir = self.session.root / "calibration" / str(name)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        return trial_dir
+
+    def _work(
+        self,
+        state: State,
+        n: int,
+        worker: Worker | None,
+        cancel: threading.Event | None,
+        trial_dir: Path,
+    ) -> TrialWork:
+        transport = self.o.transport
+        if worker is not None and worker.transport is not None:
+            transport = worker.transport
+        return TrialWork(
+            state=state,
+            n=n,
+            worker=worker,
+            cancel=cancel,
+            trial_dir=trial_dir,
+            actuator=self.actuators.get(str(_worker_name(worker)), self.actuator),
+            transport=transport,
+            first_run=1 + len(list(trial_dir.glob("run-*.stdout"))),
+        )
+
+    def _gather(self, work: TrialWork, realized: Realized) -> Realized:
+        """Check the realized state, then sample it; raises KeyboardInterrupt when the round
+        was abandoned meanwhile."""
+        if work.worker is not None and work.worker.env:
+            realized = dataclasses.replace(realized, env={**realized.env, **work.worker.env})
+        work.notes = realized.notes
+        if realized.failure is not None:
+            failure = work.failure = Failure.of(realized.failure)
+            # A state that cannot be built says nothing about speed: unresolved, never bad.
+            work.untestable = failure is not None and failure.kind is FailureKind.BUILD
+        else:
+            check = work.check = self._check(realized, work)
+            if check.error is not None:
+                work.notes = (*work.notes, check.summary())
+            elif not check.faithful:
+                work.failure, work.untestable = Failure(check.summary()), True
+        if work.failure is None and realized.fill:
+            work.failure = self._fill(work, realized)
+        if work.failure is None:
+            endpoint = not work.applied or len(work.applied) == self.n_units
+            work.failure = self._sample(work, realized, endpoint)
+            # No number is no verdict (as in check), whatever --on-crash says.
+            work.untestable = cmdcheck.no_metric(work.failure) and not endpoint
+        if work.cancelled():
+            raise KeyboardInterrupt
+        return realized
+
+    def _log(self, work: TrialWork, key: str, index: int) -> Outcome:
+        """Append the trial to the session log; one progress line."""
+        rec = TrialRecord(
+            index=index,
+            key=key,
+            applied=tuple(sorted(work.applied)),
+            positions=tuple(sorted(work.positions.items())),
+            samples=tuple(work.samples),
+            failure=work.failure,
+            log_dir=str(work.trial_dir),
+            notes=work.notes,
+            untestable=work.untestable,
+            worker=work.name,
+            round=self.rounds.get(work.state),
+            runs=len(work.runs),
+            crashes=work.outcome().crashes,
+            contended=tuple(work.contended),
+        )
+        with self._lock:
+            self.session.append(rec.as_event())
+            self.records.append(rec)
+        shown = ", ".join(
+            format_ktok(s) + ("*" if busy else "")
+            for s, busy in zip(
+                work.samples, work.contended + [False] * len(work.samples), strict=False
+            )
+        )
+        shown = shown or "-"
+        tail = f"; {work.failure}" if work.failure else ""
+        if any(work.contended):
+            tail += "; * other processes loaded the machine"
+        on = f" on {work.name}" if work.name else ""
+        self.progress(f"  {shown} Ktok/s{tail}{on}  [log {work.trial_dir}]")
+        return work.outcome()
+
+    def _check(self, realized: Realized, work: TrialWork) -> StateCheck:
+        """Snapshot the realized state and compare it with good + the applied units."""
+        actuator = work.actuator
+        values = actuator.state_values(work.applied, work.positions)
+        where = {k: realized.map_argv([k])[0] for (_s, k) in values}
+        expected = expected_facts(actuator.good, actuator.bad, values, where)
+        remote = bool(work.transport.layers)
+        via = far_transport(work.transport, realized.env) if remote else work.transport
+        return check_state(
+            transport=via,
+            python=realized.python,
+            env=None if remote else realized.env,
+            expected=expected,
+            log_dir=work.trial_dir,
+        )
+
+    def _sample(self, work: TrialWork, realized: Realized, endpoint: bool) -> Failure | None:
+        """Fill ``work.samples`` up to ``work.n``: one process gives as many timed windows as
+        asked (a command that reports one figure gives one); returns the failure, if any.
+
+        Windows of one process vary less than processes do (on the H200 0.2% against a few
+        percent), and the noise model is pooled from these samples: the endpoints, which
+        set the noise and the default threshold, take theirs from two processes, so the
+        between-process spread is in the estimate. Every other state costs one process."""
+        n, samples = work.n, work.samples
+        per_run = -(-n // 2) if endpoint and n > 1 else n
+        k = work.first_run - 1
+        # A log with a throughput per step gives all n in one process: an endpoint still
+        # takes a second one.
+        while len(samples) < n or (endpoint and n > 1 and k - work.first_run < 1):
+            if work.cancelled():
+                raise KeyboardInterrupt
+            k += 1
+            m = self._run(work, realized, f"run-{k}", max(1, min(per_run, n - len(samples))))
+            if not m.ok:
+                return m.failure
+            samples.extend(m.samples)
+        return None
+
+    def _fill(self, work: TrialWork, realized: Realized) -> Failure | None:
+        """Make the warm caches whose recorded content is gone: run the state once into
+        their empty dirs (the built-in drafter with one drafter thread: compiling in threads
+        is what races), once per trial; its runs then measure with what that run compiled."""
+        key = state_key(work.applied, work.state.positions)
+        if key in self.filled:
+            return None
+        names = ", ".join(realized.fill)
+        if self.fill_writes_nothing:
+            # An earlier filling run left its dirs empty: the command keeps no compile cache
+            # there, so a run now would make exactly the empty dir the state already has.
+            self.progress(f"  caches {names}: warm is the empty dir (the command writes none)")
+            return None
+        smoke, how = self.o.smoke, "one run of this state's command"
+        if smoke.builtin:
+            params = {**smoke.drafter_params, "drafter_threads": 1}
+            smoke, how = replace(smoke, drafter_params=params), "one single-threaded run"
+        m = run_once(smoke, self._spec(work, realized, "fill", samples=1))
+        if not m.ok:
+            return Failure.build(f"caches {names}: making the warm cache failed: {m.failure}")
+        wrote = _wrote_into(realized, work.transport)
+        with self._lock:
+            self.filled.add(key)
+            self.fill_writes_nothing = wrote is False
+        note = (
+            f"caches {names}: the recorded warm cache is gone; warm made by {how} into an "
+            "empty dir, then measured"
+            + ("; it wrote nothing there, so later states skip that run" if wrote is False else "")
+        )
+        work.notes = (*work.notes, note)
+        self.progress(f"  {note}")
+        with self._lock:
+            self.fill_notes.append(note)
+        return None
+
+    def _spec(self, work: TrialWork, realized: Realized, name: str, samples: int) -> RunSpec:
+        """How one process of a state runs: the state's interpreter, env and cwd, the
+        command mapped into it as typed (the filling run of a warm cache too)."""
+        return RunSpec(
+            transport=work.transport,
+            python=realized.python,
+            env=realized.env,
+            cwd=realized.cwd,
+            timeout_s=self.o.timeout_s,
+            log_dir=work.trial_dir,
+            name=name,
+            argv_map=realized.command_argv,
+            samples=samples,
+            pin=work.worker.pin_argv() if work.worker is not None else (),
+        )
+
+    def _run(self, work: TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
+        spec = self._spec(work, realized, name, samples)
+        if not work.transport.layers:
+            # A cold cache is cold for every run, not only the trial's first: what an
+            # earlier run of the trial compiled into it is removed.
+            for path in realized.cold:
+                _empty_dir(Path(path))
+        window = None if work.transport.layers else contention.Window.start()
+        m = run_once(self.o.smoke, spec, record=work.runs.append)
+        if window is not None:
+            # Measured here, on the machine the run used: a remote target's load is not ours.
+            reading = window.finish()
+            work.runs[-1] = replace(work.runs[-1], contention=reading.as_dict())
+            work.contended.extend([reading.contended] * len(m.samples))
+        if self.after_run is not None and work.worker is not None:
+            m = self.after_run(m, work.trial_dir / f"{name}.stderr", work.worker)
+        return m
+
+
+def _run_facts(work: TrialWork, python: str, origin: str | None) -> cmdcheck.RunFacts:
+    """The last run of a failed trial, as ``cmdcheck`` judges it."""
+    last = work.runs[-1]
+    return cmdcheck.RunFacts(
+        argv=last.launch.argv,
+        cwd=last.cwd,
+        interpreter=python,
+        started=last.launch.started,
+        exit_status=last.launch.exit_status,
+        stdout=last.launch.stdout.decode("utf-8", "replace"),
+        stderr=last.launch.stderr.decode("utf-8", "replace"),
+        failure=Failure.of(work.failure) or Failure.crash("?"),
+        log_dir=work.trial_dir,
+        origin=origin,
+    )
+
+
+def _wrote_into(realized: Realized, transport: Transport) -> bool | None:
+    """Whether the filling run put files into the cache dirs it filled; None when they are
+    on a remote target (not looked at from here)."""
+    if transport.layers:
+        return None
+    dirs = [Path(realized.env[CACHE_ENV[name]]) for name in realized.fill]
+    return any(path.is_dir() and any(path.iterdir()) for path in dirs)
+
+
+def _empty_dir(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+        path.mkdir()
+
+
+def _worker_name(worker: Worker | None) -> str | None:
+    """A worker's name; None for the target itself (no workers)."""
+    return worker.name if worker is not None else None
