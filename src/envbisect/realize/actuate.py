@@ -777,6 +777,10 @@ class Actuator:
         self.uv = found
         return found
 
+    def blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
+        """The stored content of a files entry, or None (``_blob``): what a run shows."""
+        return self._blob(manifest, value)
+
     def _blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
         """The stored content of a files entry: under the blob dir the snapshot recorded
         (``meta.blobs_dir``), beside the manifest, one level up (``manifests/blobs`` next to

@@ -121,7 +121,7 @@ def _details(unit: Unit, commit: str | None, context: RunContext) -> tuple[str, 
             commit,
             good=actuator.good,
             bad=actuator.bad,
-            blob=actuator._blob,
+            blob=actuator.blob,
             local=not context.options.transport.layers,
         )
     except (OSError, ValueError) as exc:
