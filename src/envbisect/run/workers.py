@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -373,7 +372,7 @@ class WorkerPool:
         """Measure a round: each worker takes the next state that is not another worker's
         (a state measured before stays with its worker), until the round is done."""
         if len(calls) == 1 and len(self.workers) == 1:
-            return [self._one(calls[0][0], calls[0][1], self.workers[0], threading.Event())]
+            return [self.measure_on(calls[0][0], calls[0][1], self.workers[0], threading.Event())]
         run = _Round(self, calls)
         # Every worker gets a thread (a state may be sticky to any of them); the one to
         # start taking new states turns with each round, to spread them.
@@ -397,7 +396,9 @@ class WorkerPool:
                 t.join()
             self._next += 1
 
-    def _one(self, state: State, n: int, worker: Worker, cancel: threading.Event) -> Outcome:
+    def measure_on(self, state: State, n: int, worker: Worker, cancel: threading.Event) -> Outcome:
+        """One state of a round on ``worker``: its samples scaled by the worker's
+        calibration factor; the state stays with the worker that measured it."""
         out = self.measure(state, n, worker, cancel)
         name = out.worker or worker.name
         if name in self.by_name:
@@ -444,7 +445,7 @@ class _Round:
         while (i := self._take(worker)) is not None:
             state, n = self.calls[i]
             try:
-                out = self.pool._one(state, n, worker, self.cancel)
+                out = self.pool.measure_on(state, n, worker, self.cancel)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                 with self.cond:
                     self.errors.append(exc)
@@ -475,18 +476,6 @@ def cpus_of_host() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
-
-
-def nvidia_smi_count() -> int | None:
-    """GPUs nvidia-smi lists on this host (None without nvidia-smi)."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
 def target_gpus(transport: Transport, python: str, log_dir: Path) -> list[int]:
