@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from envbisect.model.errors import SessionError
-from envbisect.model.session import FileJournal, Session, TrialRecord, state_key
+from envbisect.model.events import EndEvent, TrialRecord, VerdictEvent
+from envbisect.model.session import FileJournal, Session, state_key
 
 
 def test_swap_then_restore_puts_bytes_mode_and_mtime_back(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_torn_last_line_is_ignored_and_trials_round_trip(tmp_path: Path) -> None
         failure=None,
         log_dir="trials/001",
     )
-    s.append(rec.as_event())
+    s.append(rec)
     with open(s.log_path, "a") as fh:
         fh.write('{"type": "trial", "index": 2, "ke')  # kill -9 mid-write
     assert s.trials() == [rec]
@@ -129,24 +130,22 @@ def test_resume_without_session_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_later_sample_batches_of_a_state_are_one_trial(tmp_path: Path) -> None:
     """Found 3: every sample batch was its own numbered trial in the log."""
-    from envbisect.model.session import TrialRecord
-
     s = Session.start(tmp_path / "s", {})
     first = TrialRecord(1, "k1", ("a",), (), (10.0, 11.0), None, "t/001")
-    s.append(first.as_event())
-    s.append(TrialRecord(2, "k2", (), (), (5.0,), None, "t/002").as_event())
-    s.append(TrialRecord(1, "k1", ("a",), (), (12.0,), "timeout", "t/001").as_event())
+    s.append(first)
+    s.append(TrialRecord(2, "k2", (), (), (5.0,), None, "t/002"))
+    s.append(TrialRecord(1, "k1", ("a",), (), (12.0,), "timeout", "t/001"))
     trials = s.trials()
     assert [t.index for t in trials] == [1, 2]
     assert trials[0].samples == (10.0, 11.0, 12.0) and trials[0].failure == "timeout"
-    s.append({"type": "verdict", "index": 1, "verdict": "bad", "median": 11.0, "outlier": None})
+    s.append(VerdictEvent(1, "bad", 11.0, None))
     assert s.verdicts()[1]["verdict"] == "bad"
 
 
 def test_the_log_never_holds_a_secret_from_a_command_line_or_a_message(tmp_path: Path) -> None:
     token = "sk-proj-" + "SessionSecret0" * 3
     session = Session.start(tmp_path / "s", {"smoke": ["train.py", "--api-key", "pw-9!x"]})
-    session.append({"type": "end", "outcome": "error", "message": f"auth failed for {token}"})
+    session.append(EndEvent("error", f"auth failed for {token}"))
     text = session.log_path.read_text()
     assert token not in text and "pw-9!x" not in text
     assert session.header()["smoke"] == ["train.py", "--api-key", "<redacted>"]

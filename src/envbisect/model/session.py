@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,14 @@ from envbisect.agent import journal
 from envbisect.agent.redact import redact_tree
 from envbisect.model import gitcli
 from envbisect.model.errors import SessionError
+from envbisect.model.events import (
+    ResetEvent,
+    ResumedEvent,
+    SessionEvent,
+    StartEvent,
+    TrialRecord,
+    WorktreeEvent,
+)
 
 LOG_NAME = "log.jsonl"
 JOURNAL_NAME = "journal.jsonl"
@@ -56,80 +64,6 @@ def state_key(applied: Iterable[str], positions: Iterable[tuple[str, int]] = ())
     """A stable key for a state: sorted unit ids plus ordered-unit positions."""
     body = json.dumps({"a": sorted(applied), "p": sorted(list(p) for p in positions)})
     return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """One measured trial as logged."""
-
-    index: int
-    key: str
-    applied: tuple[str, ...]
-    positions: tuple[tuple[str, int], ...]
-    samples: tuple[float, ...]
-    failure: str | None
-    log_dir: str
-    notes: tuple[str, ...] = ()
-    untestable: bool = False  # not realized as asked (e.g. "state not faithful: ...")
-    worker: str | None = None  # the worker that measured it, when several ran
-    round: int | None = None  # the search's round, when known
-    runs: int = 0  # processes run (a crash ends one)
-    crashes: int = 0
-    contended: tuple[bool, ...] = ()  # per sample: other processes loaded the machine
-
-    @classmethod
-    def from_event(cls, ev: dict[str, Any]) -> TrialRecord:
-        return cls(
-            index=int(ev["index"]),
-            key=str(ev["key"]),
-            applied=tuple(ev.get("applied") or ()),
-            positions=tuple((str(u), int(i)) for u, i in ev.get("positions") or ()),
-            samples=tuple(float(s) for s in ev.get("samples") or ()),
-            failure=ev.get("failure"),
-            log_dir=str(ev.get("log_dir") or ""),
-            notes=tuple(ev.get("notes") or ()),
-            untestable=bool(ev.get("untestable")),
-            worker=ev.get("worker"),
-            round=ev.get("round"),
-            runs=int(ev.get("runs") or 0),
-            crashes=int(ev.get("crashes") or 0),
-            contended=tuple(bool(x) for x in ev.get("contended") or ()),
-        )
-
-    def merged(self, more: TrialRecord) -> TrialRecord:
-        """This trial with a later batch of samples of the same state appended."""
-        from dataclasses import replace
-
-        return replace(
-            self,
-            samples=self.samples + more.samples,
-            failure=more.failure or self.failure,
-            notes=tuple(dict.fromkeys(self.notes + more.notes)),
-            untestable=self.untestable or more.untestable,
-            worker=self.worker or more.worker,
-            round=self.round if self.round is not None else more.round,
-            runs=self.runs + more.runs,
-            crashes=self.crashes + more.crashes,
-            contended=self.contended + more.contended,
-        )
-
-    def as_event(self) -> dict[str, Any]:
-        return {
-            "type": "trial",
-            "index": self.index,
-            "key": self.key,
-            "applied": list(self.applied),
-            "positions": [list(p) for p in self.positions],
-            "samples": list(self.samples),
-            "failure": self.failure,
-            "log_dir": self.log_dir,
-            "notes": list(self.notes),
-            "untestable": self.untestable,
-            **({"worker": self.worker} if self.worker is not None else {}),
-            **({"round": self.round} if self.round is not None else {}),
-            **({"runs": self.runs, "crashes": self.crashes} if self.runs else {}),
-            **({"contended": list(self.contended)} if any(self.contended) else {}),
-        }
 
 
 @dataclass(frozen=True)
@@ -266,7 +200,7 @@ class Session:
     # -- opening -----------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, header: dict[str, Any], *, fresh: bool = False) -> Session:
+    def start(cls, root: Path, header: Mapping[str, Any], *, fresh: bool = False) -> Session:
         """A new session at ``root``. An earlier session there is kept unless ``fresh``
         (its history is the only record of what was measured): continue it with --resume
         or replace it with --fresh. ``fresh`` restores and removes it first."""
@@ -293,7 +227,7 @@ class Session:
             session = cls(root)
         session.root.mkdir(parents=True, exist_ok=True)
         session.lock()
-        session.append({"type": "start", "time": time.time(), **header})
+        session.append(StartEvent(time.time(), header))
         return session
 
     @classmethod
@@ -305,7 +239,7 @@ class Session:
         session.lock()
         # A previous process may have died with files swapped in place.
         session.journal.restore()
-        session.append({"type": "resumed", "time": time.time()})
+        session.append(ResumedEvent(time.time()))
         return session
 
     @classmethod
@@ -344,10 +278,10 @@ class Session:
 
     # -- events ------------------------------------------------------------------------
 
-    def append(self, event: dict[str, Any]) -> None:
+    def append(self, event: SessionEvent) -> None:
         """Log ``event``; secret-shaped strings in it (a token in the smoke command, in a
         failure message) are redacted first (``envbisect.agent.redact``)."""
-        _append_line(self.log_path, {k: redact_tree(v) for k, v in event.items()})
+        _append_line(self.log_path, {k: redact_tree(v) for k, v in event.to_dict().items()})
 
     def events(self) -> list[dict[str, Any]]:
         return _read_lines(self.log_path)
@@ -399,7 +333,7 @@ class Session:
         return path
 
     def record_worktree(self, repo: Path, path: Path) -> None:
-        self.append({"type": "worktree", "repo": str(repo), "path": str(path)})
+        self.append(WorktreeEvent(str(repo), str(path)))
 
     def worktrees(self) -> list[tuple[Path, Path]]:
         seen: dict[str, str] = {}
@@ -444,7 +378,7 @@ class Session:
                 shutil.rmtree(path, ignore_errors=True)
                 removed_dirs.append(path)
         if self.log_path.exists():
-            self.append({"type": "reset", "time": time.time()})
+            self.append(ResetEvent(time.time()))
         self.unlock()
         return ResetReport(
             tuple(restored), tuple(worktrees), tuple(removed_dirs), tuple(self.journal.kept)

@@ -89,6 +89,7 @@ from envbisect.agent.actuate_remote import FAILED, READY
 from envbisect.agent.journal import sha256_of
 from envbisect.agent.redact import is_redacted
 from envbisect.model.errors import ActuationError, TransportError
+from envbisect.model.events import RemoteEvent
 from envbisect.model.failure import Failure
 from envbisect.model.history import FileVersion, file_history, store
 from envbisect.model.manifest import Manifest
@@ -360,14 +361,8 @@ class Actuator:
         if not any(
             e.get("type") == "remote" and e.get("root") == root for e in self.session.events()
         ):
-            self.session.append(
-                {
-                    "type": "remote",
-                    "root": root,
-                    "python": self.python,
-                    "layers": [layer.as_dict() for layer in self.transport.layers],
-                }
-            )
+            layers = [layer.as_dict() for layer in self.transport.layers]
+            self.session.append(RemoteEvent(root, self.python, layers))
         return root
 
     def notes(self) -> list[str]:

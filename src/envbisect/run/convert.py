@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from envbisect.model.events import VerdictEvent
 from envbisect.model.facts import explain as explain_facts
 from envbisect.model.history import HunkCulprit
 from envbisect.model.metric import format_ktok, format_tok
@@ -53,9 +54,8 @@ def step_rows(
                 purpose=t.purpose,
             )
         )
-        context.session.append(
-            {"type": "verdict", "index": n, "verdict": t.verdict.value, "median": rows[-1].median}
-        )
+        verdict = VerdictEvent(n, t.verdict.value, rows[-1].median, judged_outlier=False)
+        context.session.append(verdict)
     return tuple(rows)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from envbisect.model import manifest as mf
 from envbisect.model.errors import EnvBisectError, WorkerError
+from envbisect.model.events import CalibrationRefusedEvent
 from envbisect.model.failure import FailureKind
 from envbisect.model.session import Session
 from envbisect.realize.actuate import Actuator
@@ -239,10 +240,7 @@ def calibrate_each(
             name = getattr(exc, "worker", None)
             if session is not None:
                 samples = next((list(s) for n, s in rest if n == name), [])
-                session.append(
-                    {"type": "calibration-refused", "worker": name, "samples": samples,
-                     "reason": str(exc)}
-                )  # fmt: skip
+                session.append(CalibrationRefusedEvent(name, samples, str(exc)))
             rest = [m for m in rest if m[0] != name]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from envbisect.model.events import VerdictEvent
 from envbisect.model.session import Session
 from envbisect.run.result import outlier, trial_number
 from envbisect.search.engine import Event, EventKind, Trial
@@ -76,13 +77,5 @@ class ProgressLines:
             sigma = Noise.from_groups(self.groups.values()).sigma
             bad = self.samples.get(self.all) if self.all is not None else None
             flag = outlier(trial.samples, self.samples.get(frozenset(), ()), bad or (), sigma)
-        self.session.append(
-            {
-                "type": "verdict",
-                "index": number,
-                "verdict": trial.verdict.value,
-                "median": trial.median,
-                "outlier": flag,
-            }
-        )
+        self.session.append(VerdictEvent(number, trial.verdict.value, trial.median, flag))
         return flag

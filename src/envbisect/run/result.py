@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envbisect.model.events import TrialRecord
 from envbisect.model.history import HunkCulprit
-from envbisect.model.session import TrialRecord, state_key
+from envbisect.model.session import state_key
 from envbisect.run.launch import SmokeCommand
 from envbisect.run.shown import show_value
 from envbisect.search.engine import Trial

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbisect.model import manifest as mf
 from envbisect.model.errors import ActuationError, EnvBisectError, Interrupted
+from envbisect.model.events import EndEvent, InterruptedEvent, SessionEvent
 from envbisect.model.history import HunkCulprit
 from envbisect.model.session import Session, state_key
 from envbisect.model.sources import uv_args
@@ -44,7 +45,7 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
     try:
         good, bad, bad_path = load_states(options, session.root, progress)
     except BaseException as exc:
-        session.append({"type": "end", "outcome": "error", "message": str(exc)})
+        session.append(EndEvent("error", str(exc)))
         session.unlock()
         raise
     data_map = dict(getattr(options.config, "data_map", {}) or {})
@@ -66,12 +67,10 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
         within, within_rows = _package_step(result, context, tester)
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
-        _abandon(
-            session, actuator, tester, {"type": "end", "outcome": "error", "message": str(exc)}
-        )
+        _abandon(session, actuator, tester, EndEvent("error", str(exc)))
         raise
     except KeyboardInterrupt:
-        _abandon(session, actuator, tester, {"type": "interrupted"})
+        _abandon(session, actuator, tester, InterruptedEvent())
         raise Interrupted(
             f"interrupted; files restored, session saved in {session.root} "
             "(continue with 'envbisect run --resume', clean up with 'envbisect reset')"
@@ -87,13 +86,12 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
     if actuator.kept:  # files the user edited while the run went on: said again at the end
         out = replace(out, notes=(*out.notes, *actuator.kept))
     session.append(
-        {
-            "type": "end",
-            "outcome": out.outcome,
-            "culprits": [c.unit.id for c in out.culprits],
-            "message": out.message,
-            "trials": [t.as_dict() for t in out.trials],
-        }
+        EndEvent(
+            out.outcome,
+            out.message,
+            culprits=[c.unit.id for c in out.culprits],
+            trials=[t.as_dict() for t in out.trials],
+        )
     )
     actuator.close()
     _close_workers(tester)
@@ -124,7 +122,7 @@ def _guard(
         ):
             progress(f"note: {line}")
     except EnvBisectError as exc:
-        session.append({"type": "end", "outcome": "refused", "message": str(exc)})
+        session.append(EndEvent("refused", str(exc)))
         session.unlock()
         raise
 
@@ -312,7 +310,7 @@ def _resolver(actuator: Actuator) -> Resolve | None:
 
 
 def _abandon(
-    session: Session, actuator: Actuator, tester: TrialRunner | None, event: dict[str, Any]
+    session: Session, actuator: Actuator, tester: TrialRunner | None, event: SessionEvent
 ) -> None:
     """A run that ends early (an error, Ctrl-C): nothing left behind, ``event`` logged."""
     _quietly(actuator.close)
@@ -350,7 +348,7 @@ def _nothing_to_bisect(context: RunContext, actuator: Actuator) -> RunResult:
         )
     else:
         why = "no change can be realized"
-    session.append({"type": "end", "outcome": outcome, "culprits": [], "message": why})
+    session.append(EndEvent(outcome, why, culprits=[]))
     actuator.close()
     session.unlock()
     return context.result(

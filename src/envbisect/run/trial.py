@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbisect.model.errors import CommandFailed
+from envbisect.model.events import TrialRecord
 from envbisect.model.failure import Failure, FailureKind
 from envbisect.model.metric import Measurement, format_ktok
-from envbisect.model.session import Session, TrialRecord, state_key
+from envbisect.model.session import Session, state_key
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
 from envbisect.run import cmdcheck, contention
@@ -311,7 +312,7 @@ class TrialRunner:
             contended=tuple(work.contended),
         )
         with self._lock:
-            self.session.append(rec.as_event())
+            self.session.append(rec)
             self.records.append(rec)
         shown = ", ".join(
             format_ktok(s) + ("*" if busy else "")

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbisect.model.errors import UsageError, WorkerError
+from envbisect.model.events import CalibrationEvent
 from envbisect.search.engine import Event, EventKind, Outcome, State
 from envbisect.search.verdict import Noise, median
 from envbisect.transport import Transport
@@ -294,15 +295,9 @@ class Calibration:
     factor: float
     decision: str
 
-    def as_event(self) -> dict[str, Any]:
-        return {
-            "type": "calibration",
-            "worker": self.worker,
-            "samples": list(self.samples),
-            "median": self.median,
-            "factor": self.factor,
-            "decision": self.decision,
-        }
+    def as_event(self) -> CalibrationEvent:
+        """This calibration as the session logs it."""
+        return CalibrationEvent(self.worker, self.samples, self.median, self.factor, self.decision)
 
 
 def calibrate(measured: Sequence[tuple[str, Sequence[float]]]) -> list[Calibration]:
