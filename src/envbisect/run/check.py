@@ -7,8 +7,8 @@ import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from envbisect.model.failure import Failure
 from envbisect.run import cmdcheck
@@ -16,8 +16,17 @@ from envbisect.run.launch import RunLog, RunSpec, SmokeCommand, run_once
 from envbisect.search.verdict import Judge, Noise, Verdict
 from envbisect.transport import Transport
 
-if TYPE_CHECKING:
-    pass
+
+class CheckVerdict(str, Enum):
+    """What one ``check`` says: at or above the threshold, below it, or no number (exit
+    0, 1, 125: ``git bisect run``'s codes)."""
+
+    GOOD = "good"
+    BAD = "bad"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -36,10 +45,10 @@ class CheckResult:
         return statistics.median(self.samples) if self.samples else None
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> CheckVerdict:
         if self.failure is not None or self.median is None:
-            return "skip"
-        return "good" if self.median >= self.threshold else "bad"
+            return CheckVerdict.SKIP
+        return CheckVerdict.GOOD if self.median >= self.threshold else CheckVerdict.BAD
 
     @property
     def noise(self) -> float:
@@ -49,14 +58,14 @@ class CheckResult:
     @property
     def within_noise(self) -> bool:
         """The median sits inside the noise band of the threshold: the verdict may flip."""
-        if self.verdict == "skip":
+        if self.verdict is CheckVerdict.SKIP:
             return False
         judge = Judge(self.threshold, Noise.from_groups([self.samples]))
         return judge.verdict(self.samples) is Verdict.UNRESOLVED
 
     @property
     def exit_code(self) -> int:
-        return {"good": 0, "bad": 1}.get(self.verdict, 125)
+        return {CheckVerdict.GOOD: 0, CheckVerdict.BAD: 1}.get(self.verdict, 125)
 
 
 def check(

@@ -20,7 +20,7 @@ from envbisect.realize.actuate import Actuator
 from envbisect.run import contention
 from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
-from envbisect.run.result import RunResult
+from envbisect.run.result import RunOutcome, RunResult
 
 if TYPE_CHECKING:
     from envbisect.diff import DiffResult
@@ -121,7 +121,7 @@ class RunContext:
             notes = (*notes, threads)
         return cls(diff, blocked, notes, session, options, bad_path, bad, actuator)
 
-    def result(self, *, outcome: str, threshold: float | None, message: str) -> RunResult:
+    def result(self, *, outcome: RunOutcome, threshold: float | None, message: str) -> RunResult:
         """This run's RunResult, with no culprits or trials (``replace`` adds them)."""
         return RunResult(
             outcome=outcome,

@@ -16,7 +16,15 @@ from envbisect.model.metric import format_ktok, format_tok
 from envbisect.run import probed
 from envbisect.run.context import RunContext
 from envbisect.run.options import RunOptions
-from envbisect.run.result import Culprit, RunResult, TrialRow, applied_names, outlier, trial_number
+from envbisect.run.result import (
+    Culprit,
+    RunOutcome,
+    RunResult,
+    TrialRow,
+    applied_names,
+    outlier,
+    trial_number,
+)
 from envbisect.search.engine import SearchResult, State, Trial
 from envbisect.search.verdict import Noise, median
 
@@ -86,14 +94,14 @@ def with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ..
 
 
 def _unfaithful_good(
-    outcome: str, message: str, result: SearchResult, blocked: Mapping[str, str]
-) -> tuple[str, str]:
+    outcome: RunOutcome, message: str, result: SearchResult, blocked: Mapping[str, str]
+) -> tuple[RunOutcome, str]:
     """A good endpoint that is not clearly fast while changes that could not be realized
     stayed in their bad form is no evidence that "the cause is outside the recorded
     software" or that the regression "does not reproduce": the cause may be exactly one of
     those changes. Say so instead of "not reproduced". (A bad endpoint that runs fast is a
     real answer: it is the bad state as it is.)"""
-    if outcome != "not-reproduced" or not blocked or not result.trials:
+    if outcome is not RunOutcome.NOT_REPRODUCED or not blocked or not result.trials:
         return outcome, message
     ends = {t.state.applied: t for t in result.trials[:2]}
     good = ends.get(frozenset())
@@ -101,7 +109,7 @@ def _unfaithful_good(
     if good is None or good.verdict.value == "good" or (bad and bad.verdict.value == "good"):
         return outcome, message
     reasons = "; ".join(blocked[u] for u in sorted(blocked))
-    return "unfaithful", (
+    return RunOutcome.UNFAITHFUL, (
         "the good state could not be realized faithfully: these changes stayed as in the "
         f"bad state ({reasons}); with them in place it did not run clearly faster than the "
         "bad state, so the cause is probably among them — make them realizable and run again"
@@ -153,9 +161,9 @@ def run_result(result: SearchResult, context: RunContext, numbers: Mapping[str, 
     """The run's result from the engine's: the outcome as users read it, the culprits with
     their evidence and details, the trial table numbered as the session numbers trials."""
     outcome, message = _unfaithful_good(
-        result.outcome.value, result.message or "", result, context.blocked
+        RunOutcome(result.outcome.value), result.message or "", result, context.blocked
     )
-    if outcome == "not-reproduced":
+    if outcome is RunOutcome.NOT_REPRODUCED:
         message += _threshold_hint(result, context.options)
     culprits, notes = _culprits(result, context, numbers)
     session = context.session
@@ -169,9 +177,11 @@ def run_result(result: SearchResult, context: RunContext, numbers: Mapping[str, 
         (t.median for t in result.trials if t.state.applied == full and not t.state.positions),
         None,
     )
-    failed = _failed_confirmation(result, culprits, numbers) if outcome == "found" else None
+    failed = (
+        _failed_confirmation(result, culprits, numbers) if outcome is RunOutcome.FOUND else None
+    )
     if failed is not None:
-        outcome, message, culprits = "unconfirmed", failed, ()
+        outcome, message, culprits = RunOutcome.UNCONFIRMED, failed, ()
     return replace(
         context.result(outcome=outcome, threshold=result.threshold, message=message),
         culprits=culprits,

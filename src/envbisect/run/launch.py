@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envbisect.model.errors import TransportError
 from envbisect.model.facts import from_drafter
@@ -28,10 +28,6 @@ from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricS
 from envbisect.run import probed
 from envbisect.transport import Layer, LayerKind, Transport
 from envbisect.transport.bundle import build_bundle, find_frame
-
-if TYPE_CHECKING:
-    pass
-
 
 DRAFTER = "envbisect.agent.drafter"
 

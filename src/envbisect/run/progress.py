@@ -4,17 +4,12 @@ engine's events as lines (``ProgressLines``), each verdict logged and outliers f
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from envbisect.model.events import VerdictEvent
 from envbisect.model.session import Session
 from envbisect.run.result import outlier, trial_number
 from envbisect.search.engine import Event, EventKind, Trial
 from envbisect.search.verdict import Noise
-
-if TYPE_CHECKING:
-    pass
-
 
 Progress = Callable[[str], None]
 

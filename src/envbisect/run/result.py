@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,11 +165,28 @@ class Culprit:
         return out
 
 
+class RunOutcome(str, Enum):
+    """How a run ended, as users read it: ``--json``'s ``outcome``, the report, the session's
+    ``end`` event. The engine's outcomes, and two only a run can tell: ``unconfirmed`` (a
+    culprit whose confirmation gave no number) and ``unfaithful`` (also: the good state could
+    not be realized)."""
+
+    FOUND = "found"
+    AMBIGUOUS = "ambiguous"
+    NOT_REPRODUCED = "not-reproduced"
+    UNFAITHFUL = "unfaithful"
+    ABORTED = "aborted"
+    UNCONFIRMED = "unconfirmed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class RunResult:
     """What a bisection found."""
 
-    outcome: str  # found | ambiguous | not-reproduced | unfaithful | aborted
+    outcome: RunOutcome
     threshold: float | None
     culprits: tuple[Culprit, ...]
     trials: tuple[TrialRow, ...]
@@ -198,7 +216,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.outcome == "found" and self.culprits else 1
+        return 0 if self.outcome == RunOutcome.FOUND and self.culprits else 1
 
 
 def outlier(

@@ -27,7 +27,7 @@ from envbisect.run.convert import run_result, step_rows, with_hunk, with_within
 from envbisect.run.endpoints import load_states, make_actuator
 from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress, ProgressLines, both_handlers, quiet
-from envbisect.run.result import RunResult, TrialRow
+from envbisect.run.result import RunOutcome, RunResult, TrialRow
 from envbisect.run.trial import TrialRunner
 from envbisect.search.engine import Event, SearchResult, State, search
 
@@ -87,7 +87,7 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
         out = replace(out, notes=(*out.notes, *actuator.kept))
     session.append(
         EndEvent(
-            out.outcome,
+            out.outcome.value,
             out.message,
             culprits=[c.unit.id for c in out.culprits],
             trials=[t.as_dict() for t in out.trials],
@@ -337,18 +337,18 @@ def _quietly(undo: Callable[[], Any]) -> None:
 
 def _nothing_to_bisect(context: RunContext, actuator: Actuator) -> RunResult:
     session = context.session
-    outcome = "not-reproduced"
+    outcome = RunOutcome.NOT_REPRODUCED
     if not context.diff.units:
         why = "the manifests are identical"
     elif context.blocked:
         # The good state cannot be built at all: nothing about the cause is known.
-        outcome = "unfaithful"
+        outcome = RunOutcome.UNFAITHFUL
         why = "the good state cannot be realized: " + "; ".join(
             context.blocked[u] for u in sorted(context.blocked)
         )
     else:
         why = "no change can be realized"
-    session.append(EndEvent(outcome, why, culprits=[]))
+    session.append(EndEvent(outcome.value, why, culprits=[]))
     actuator.close()
     session.unlock()
     return context.result(

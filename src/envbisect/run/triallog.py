@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envbisect.agent.redact import redact_env as redact_value
 from envbisect.agent.redact import redact_tree
@@ -17,10 +17,6 @@ from envbisect.realize.actuate import Realized
 from envbisect.realize.faithful import StateCheck
 from envbisect.run.launch import RunLog
 from envbisect.transport import Transport
-
-if TYPE_CHECKING:
-    pass
-
 
 TRIAL_LOG = "trial.json"
 
