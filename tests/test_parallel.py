@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,14 @@ from helpers_ssh import (  # the same module object as test_transport_ssh's: one
 )
 
 from envbisect.cli import cli, main
-from envbisect.model.session import Session
+from envbisect.model.events import TrialRecord
+from envbisect.model.session import Session, state_key
+from envbisect.run.launch import SmokeCommand
+from envbisect.run.options import RunOptions
+from envbisect.run.parallel import calibrate_workers
+from envbisect.run.trial import TrialRunner
+from envbisect.run.workers import Worker, WorkerPool
+from envbisect.search.engine import Outcome, State
 from tests.helpers_run import Scenario, pkg
 
 pytestmark = pytest.mark.slow
@@ -259,3 +267,103 @@ def test_resume_replays_every_trial_on_the_worker_that_measured_it(tmp_path: Pat
     assert [(t["applied"], t["worker"], t["round"]) for t in doc2["trials"]] == [
         (t["applied"], t["worker"], t["round"]) for t in doc1["trials"]
     ]
+
+
+# ----------------------------------------------------------------------------- the set-up API
+# What envbisect.run.parallel does before the first trial, driven directly: calibration of
+# every worker at once (its decisions logged, read back on --resume), and the trial runner's
+# replay of the reference worker's good state through a WorkerPool round.
+
+
+class _Calibrated:
+    """The part of ``TrialRunner`` calibration uses; each worker's good state runs at the
+    speed given, and every measurement waits for the others (a barrier): measured one after
+    another, the barrier breaks and the test fails."""
+
+    def __init__(self, speeds: dict[str, float]) -> None:
+        self.speeds = speeds
+        self.barrier = threading.Barrier(len(speeds), timeout=10)
+        self.calls: list[tuple[str, bool]] = []
+        self.replayed: list[str] = []
+        self.rounds: Any = None
+
+    def measure(
+        self, state: State, n: int, worker: Worker, cancel: threading.Event, *, calibration: bool
+    ) -> Outcome:
+        self.calls.append((worker.name, calibration))
+        self.barrier.wait()
+        speed = self.speeds[worker.name]
+        return Outcome(samples=tuple(speed * (1 + 0.001 * i) for i in range(n)), worker=worker.name)
+
+    def replay_as_good_endpoint(self, worker: str) -> None:
+        self.replayed.append(worker)
+
+
+def test_calibration_measures_all_workers_at_once_and_is_read_back_on_resume(
+    tmp_path: Path,
+) -> None:
+    session = Session.start(tmp_path / "s", {})
+    workers = [Worker("w0"), Worker("w1"), Worker("w2")]
+    tester = _Calibrated({"w0": 1000.0, "w1": 900.0, "w2": 500.0})  # w2: 2x off, left out
+    lines: list[str] = []
+    kept, factors, sticky = calibrate_workers(
+        workers,
+        tester,
+        session=session,
+        samples=3,
+        progress=lines.append,
+    )
+    assert [w.name for w in kept] == ["w0", "w1"]
+    assert factors == {"w0": 1.0, "w1": pytest.approx(1000 / 900)}
+    assert sticky == {State.of(()): "w0"}
+    # Only the reference worker's run is a trial (the search replays it as its good end).
+    assert sorted(tester.calls) == [("w0", False), ("w1", True), ("w2", True)]
+    assert tester.replayed == ["w0"] and tester.rounds == {State.of(()): 0}
+    assert any("worker w2" in line and "left out" in line for line in lines)
+    events = [e for e in session.events() if e["type"].startswith("calibration")]
+    assert [(e["type"], e["worker"]) for e in events] == [
+        ("calibration-refused", "w2"),
+        ("calibration", "w0"),
+        ("calibration", "w1"),
+    ]
+    assert events[2]["decision"] == "scaled"
+    assert sorted(events[0]) == ["reason", "samples", "type", "worker"]
+
+    # --resume: read back from the log, nothing measured again.
+    again = _Calibrated({})
+    assert calibrate_workers(
+        workers,
+        again,
+        session=session,
+        samples=3,
+        progress=lines.append,
+    ) == (kept, factors, sticky)
+    assert again.calls == []
+
+
+def test_the_reference_workers_good_trial_is_replayed_through_a_pool_round(
+    tmp_path: Path,
+) -> None:
+    """A real TrialRunner: the good state's logged trial (measured on w0 by calibration) is
+    handed back to the search instead of being measured again, on the worker that measured
+    it, its samples scaled by that worker's factor. Measuring for real would need an
+    actuator; there is none, so a trial that is not replayed fails the test."""
+    session = Session.start(tmp_path / "s", {})
+    good = State.of(())
+    session.append(
+        TrialRecord(1, state_key((), ()), (), (), (10.0, 11.0), None, "t/001", worker="w0")
+    )
+    options = RunOptions(
+        good=tmp_path / "good.yaml", bad=None, smoke=SmokeCommand(), python="python"
+    )
+    lines: list[str] = []
+    tester = TrialRunner(options, session, None, lines.append, n_units=2)  # no actuator
+    first = tester.measure(good, 2, Worker("w0"), threading.Event())
+    assert first.samples == (10.0, 11.0) and first.worker == "w0"
+    # Calibration took the trial; the search is to get it once more.
+    tester.replay_as_good_endpoint("w0")
+    pool = WorkerPool([Worker("w1"), Worker("w0")], tester.measure, factors={"w0": 2.0})
+    (out,) = pool([(good, 2)])
+    assert out.worker == "w0" and out.samples == (20.0, 22.0)
+    assert pool.sticky[good] == "w0"
+    assert sum("replayed from the session log" in line for line in lines) == 2
