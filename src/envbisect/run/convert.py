@@ -21,6 +21,7 @@ from envbisect.run.result import (
     RunOutcome,
     RunResult,
     TrialRow,
+    TrialVerdict,
     applied_names,
     outlier,
     trial_number,
@@ -57,7 +58,7 @@ def step_rows(
                 applied=applied,
                 samples=t.samples,
                 median=median(t.samples) if t.samples else None,
-                verdict=t.verdict.value,
+                verdict=TrialVerdict(t.verdict.value),
                 failure=t.failure,
                 purpose=t.purpose,
             )

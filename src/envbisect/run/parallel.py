@@ -21,6 +21,7 @@ from envbisect.model.events import CalibrationRefusedEvent
 from envbisect.model.failure import FailureKind
 from envbisect.model.session import Session
 from envbisect.realize.actuate import Actuator
+from envbisect.run.progress import Progress
 from envbisect.run.workers import (
     Calibration,
     Worker,
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from envbisect.run.options import RunOptions
     from envbisect.run.trial import TrialRunner
 
-Progress = Callable[[str], None]
 T = TypeVar("T")
 
 

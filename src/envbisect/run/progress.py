@@ -15,12 +15,15 @@ Progress = Callable[[str], None]
 
 
 def quiet(_line: str) -> None:
+    """The progress callback that says nothing."""
     return None
 
 
 def both_handlers(
     first: Callable[[Event], None], then: Callable[[Event], None]
 ) -> Callable[[Event], None]:
+    """One engine progress handler that feeds ``first``, then ``then``."""
+
     def both(event: Event) -> None:
         first(event)
         then(event)

@@ -26,6 +26,27 @@ if TYPE_CHECKING:
     from envbisect.search.pkgrun import PackageFinding
 
 
+class TrialVerdict(str, Enum):
+    """A trial as the trial table judges it: the engine's verdict (``search.verdict``), or
+    ``-`` for a logged trial whose verdict was not logged yet."""
+
+    GOOD = "good"
+    BAD = "bad"
+    UNRESOLVED = "unresolved"
+    UNJUDGED = "-"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, text: object) -> TrialVerdict:
+        """A logged or reported verdict (``None``, empty or unknown: not judged)."""
+        try:
+            return cls(str(text or "-"))
+        except ValueError:
+            return cls.UNJUDGED
+
+
 @dataclass(frozen=True)
 class TrialRow:
     """One trial as the run presents it: a row of the trial table, numbered as the session
@@ -35,7 +56,7 @@ class TrialRow:
     applied: tuple[str, ...]
     samples: tuple[float, ...]
     median: float | None
-    verdict: str
+    verdict: TrialVerdict
     failure: str | None = None
     outlier: str | None = None  # faster than good / slower than bad beyond the noise
     purpose: str = ""  # why the engine measured it: "endpoint: good", "confirm: alone", ...
@@ -60,7 +81,7 @@ class TrialRow:
             applied=applied_names(trial.state.applied, trial.state.positions),
             samples=tuple(trial.samples),
             median=trial.median,
-            verdict=trial.verdict.value,
+            verdict=TrialVerdict(trial.verdict.value),
             failure=trial.failure,
             outlier=outlier,
             purpose=trial.purpose,
@@ -80,7 +101,7 @@ class TrialRow:
             applied=applied_names(rec.applied, rec.positions),
             samples=rec.samples,
             median=median(rec.samples) if rec.samples else None,
-            verdict=str(verdict.get("verdict") or "-"),
+            verdict=TrialVerdict.of(verdict.get("verdict")),
             failure=rec.failure,
             outlier=verdict.get("outlier"),
             round=rec.round or 0,
@@ -117,7 +138,7 @@ class TrialRow:
             applied=tuple(d.get("applied") or ()),
             samples=tuple(float(x) for x in d.get("samples") or ()),
             median=d.get("median"),
-            verdict=str(d.get("verdict") or "-"),
+            verdict=TrialVerdict.of(d.get("verdict")),
             failure=d.get("failure"),
             outlier=d.get("outlier"),
             purpose=str(d.get("purpose") or ""),
