@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from envbisect.agent import actuate_remote
 from envbisect.model.config import Config
+from envbisect.model.plan import VenvSpec
 from envbisect.model.sources import (
     Need,
     SourceError,
@@ -29,7 +30,6 @@ from envbisect.model.sources import (
     missing_needs,
     uv_args,
 )
-from envbisect.realize.plan import VenvSpec
 from tests.helpers_run import build_wheel, make_venv, simple_index, tree_hashes, uv
 
 

@@ -79,7 +79,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,23 +90,16 @@ from envbisect.agent.journal import sha256_of
 from envbisect.agent.redact import is_redacted
 from envbisect.model.errors import ActuationError, TransportError
 from envbisect.model.failure import Failure
+from envbisect.model.files import FileEntry
 from envbisect.model.history import FileVersion, file_history, store
 from envbisect.model.manifest import Manifest
+from envbisect.model.plan import Context, FactQuery, Facts, Placement, Plan, Sandbox
 from envbisect.model.session import Session
 from envbisect.model.sources import Sources
-from envbisect.realize.execute import Executor, LocalExecutor, RemoteExecutor
-from envbisect.realize.plan import (
-    Context,
-    FactQuery,
-    Facts,
-    Placement,
-    Plan,
-    Sandbox,
-    make_plan,
-    realizers,
-)
+from envbisect.model.target import TargetEnv
+from envbisect.realize.execute import Executor, LocalExecutor, RemoteExecutor, RemoteState
+from envbisect.realize.plan import make_plan, realizers
 from envbisect.sections.caches import CACHE_ENV
-from envbisect.sections.files import FileEntry
 from envbisect.sections.git import GitEntry, repo_of
 from envbisect.sections.packages import PackagesRealizer
 from envbisect.transport import Layer, Transport
@@ -167,36 +160,6 @@ class Realized(Placement):
     cold: tuple[str, ...] = ()  # cold cache dirs: empty at the start of every run
 
 
-@dataclass(frozen=True)
-class TargetEnv:
-    """What the target python has installed (from the probe)."""
-
-    python: str
-    base: str
-    version: str
-    sites: tuple[str, ...]
-    dists: Mapping[str, Mapping[str, Any]]
-    home: str | None = None  # remote targets: where the remote session dir goes
-    path: str | None = None  # remote targets: PATH of the far process
-    uv: tuple[str, ...] | None = None  # remote targets: how to run uv there (None: no uv)
-    no_bytecode: tuple[str, ...] = ()  # packages installed without .pyc files
-
-    @classmethod
-    def from_agent(cls, python: str, data: Mapping[str, Any]) -> TargetEnv:
-        """From the ``probe`` operation of the agent (local or through the chain)."""
-        return cls(
-            python=python,
-            base=str(data["base"]),
-            version=str(data["version"]),
-            sites=tuple(data["sites"]),
-            dists={d["name"]: d for d in data["dists"]},
-            home=str(data.get("home") or "/tmp"),
-            path=str(data.get("path") or ""),
-            uv=tuple(data["uv"]) if data.get("uv") else None,
-            no_bytecode=tuple(data.get("no_bytecode") or ()),
-        )
-
-
 @dataclass
 class Actuator:
     """Realizes states of one diff for one target. Create once per run.
@@ -225,8 +188,10 @@ class Actuator:
     # Unused since worktrees are found by path; parallel.worker_actuators still resets it.
     _blocked: frozenset[str] | None = None
     _facts: Facts | None = None  # the target's answers to the realizers' questions
-    _remote_dirty: bool = False  # remote: files may be swapped there right now
-    _remote_venvs: set[str] = field(default_factory=set)  # remote: venvs known ready
+    # How the remote state starts (``parallel.worker_actuators`` starts each copy afresh).
+    _remote_dirty: InitVar[bool] = False
+    _remote_venvs: InitVar[set[str] | None] = None
+    _remote: RemoteState = field(init=False, repr=False)  # what the remote executors keep
     # Workers of one host realize states from several threads: one build at a time (venvs
     # and worktrees are shared between states); the trials themselves run side by side.
     _build_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -252,13 +217,27 @@ class Actuator:
     # other changes keep the good state's values.
     _package_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self, _remote_dirty: bool, _remote_venvs: set[str] | None) -> None:
+        venvs = _remote_venvs if _remote_venvs is not None else set()
+        self._remote = RemoteState(dirty=_remote_dirty, venvs=venvs)
+
     @property
     def remote(self) -> bool:
         """True when the target is reached through a layer chain."""
         return bool(self.transport.layers)
 
     def _executor(self) -> Executor:
-        return RemoteExecutor(self) if self.remote else LocalExecutor(self)
+        if not self.remote:
+            return LocalExecutor(self.transport, self.session, uv=self.uv_path)
+        return RemoteExecutor(
+            self.agent,
+            self._remote,
+            log_dir=self.session.root / "remote",
+            where=self.transport.describe(),
+            root=self.remote_root,
+            uv=lambda: self.target().uv,
+            probed=self._target is not None,
+        )
 
     def _context(self) -> Context:
         """What the realizers see of this run and of the target."""
@@ -268,7 +247,7 @@ class Actuator:
             python=self.python,
             facts=self._inspect,
             target=self.target,
-            blob=self._blob,
+            blob=self.blob,
             blob_places=lambda m: ", ".join(str(d) for d in blob_dirs(m, self.blob_dirs)),
             env_holds=self._env_holds,
             uv_missing=lambda: self.remote and self.target().uv is None,
@@ -475,7 +454,7 @@ class Actuator:
         value = manifest.section("files").get(key)
         if pos is not None and pos >= 0:
             value = self._variant(unit_id, pos, None)
-        path = self._blob(manifest, value) if value is not None else None
+        path = self.blob(manifest, value) if value is not None else None
         return path.read_bytes() if path is not None else None
 
     # -- realizing ---------------------------------------------------------------------
@@ -777,7 +756,7 @@ class Actuator:
         self.uv = found
         return found
 
-    def _blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
+    def blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
         """The stored content of a files entry: under the blob dir the snapshot recorded
         (``meta.blobs_dir``), beside the manifest, one level up (``manifests/blobs`` next to
         a manifest in a subfolder) or in this run's ``manifests_dir``; checked by sha256."""
@@ -796,6 +775,8 @@ class Actuator:
                 None,
             )
         return self._blobs[key]
+
+    _blob = blob  # the old name, until ``run.runner`` calls ``blob``
 
     def close(self) -> None:
         """Restore files and remove the worktrees (venvs stay for a later --resume), here
