@@ -7,8 +7,10 @@ The plan is the same for a local and a remote target; only its executor differs 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from envbisect import sections
@@ -42,3 +44,32 @@ def make_plan(
     plan = replace(plan, path_map=tuple(sorted(plan.path_map, key=lambda p: -len(p[0]))))
     # PYTHONPATH names the state's packages too (``python -m pkg.mod`` from elsewhere).
     return replace(plan, env=plan.mapper.env(plan.env))
+
+
+def local_sandbox(
+    root: Path, trial_dir: Path, origin: Path, cwd: Path | None, python: str, env: Mapping[str, str]
+) -> Sandbox:
+    """Where a trial's state goes on this machine: under the session dir ``root``."""
+    prefix = Path(python).parent.parent
+    return Sandbox(
+        root=str(root),
+        trial=str(trial_dir),
+        origin=origin,
+        cwd=cwd,
+        path=env.get("PATH", ""),
+        in_venv=os.path.isabs(python) and (prefix / "pyvenv.cfg").exists(),
+    )
+
+
+def remote_sandbox(root: str, trial: str, origin: Path, path: str) -> Sandbox:
+    """Where a trial's state goes on a remote target: under the remote session dir ``root``
+    (``path``: the far process's PATH)."""
+    return Sandbox(
+        root=root,
+        trial=f"{root}/trials/{trial}",
+        origin=origin,
+        cwd=None,  # a cwd of this machine means nothing there; a worktree sets one
+        path=path,
+        in_venv=False,
+        local=False,
+    )
