@@ -160,7 +160,7 @@ def command(**flags: Any) -> int:
     from envbisect.model.manifest import check_writable
     from envbisect.render import report
     from envbisect.run.runner import good_command_line, validate_options
-    from envbisect.snapshot.reconstruct import parse_as_of
+    from envbisect.snapshot.when import parse_as_of
 
     args = RunFlags(**flags)
     when = parse_as_of(args.good_as_of) if args.good_as_of else None
