@@ -11,7 +11,7 @@ from envbisect.search.recheck import LoadCheck
 from envbisect.search.result import Evidence
 from envbisect.search.samples import SampleCache
 from envbisect.search.scheduler import Scheduler
-from envbisect.search.state import State
+from envbisect.search.state import Purpose, State
 from envbisect.search.verdict import Verdict, median
 from envbisect.search.wording import Reason, Say, say
 
@@ -51,7 +51,7 @@ class Confirmation:
     def without(self, core: frozenset[str], bad: frozenset[str]) -> Without:
         """Measure everything in ``bad`` but ``core``."""
         remainder = State.of(bad - core)
-        v = self.scheduler.measure(remainder, "confirm: without")
+        v = self.scheduler.measure(remainder, Purpose.CONFIRM_WITHOUT)
         if v is Verdict.BAD and self.load.recheck(remainder):
             v = self.cache[remainder].verdict
         if v is not Verdict.GOOD:

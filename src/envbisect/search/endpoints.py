@@ -11,7 +11,7 @@ from envbisect.search.recheck import LoadCheck
 from envbisect.search.result import EventKind
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.scheduler import Scheduler
-from envbisect.search.state import OnFailure, State
+from envbisect.search.state import OnFailure, Purpose, State
 from envbisect.search.threshold import Threshold
 from envbisect.search.verdict import Verdict, median
 from envbisect.search.wording import Reason, Say, say
@@ -42,7 +42,10 @@ class Endpoints:
         not be realized as recorded), or None."""
         self.cache.emit(EventKind.PHASE, say(Say.MEASURING_ENDPOINTS))
         good, bad = self.scheduler.start_round(
-            [(State.of(()), "endpoint: good"), (State.of(self.everything), "endpoint: bad")],
+            [
+                (State.of(()), Purpose.ENDPOINT_GOOD),
+                (State.of(self.everything), Purpose.ENDPOINT_BAD),
+            ],
             max(3, self.scheduler.repeats),
             speculative=speculative,
         )

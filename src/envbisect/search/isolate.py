@@ -12,7 +12,7 @@ from envbisect.search.budget import Budget, log2ceil
 from envbisect.search.result import EventKind
 from envbisect.search.samples import SampleCache
 from envbisect.search.scheduler import Scheduler
-from envbisect.search.state import State, Units
+from envbisect.search.state import Purpose, State, Units
 from envbisect.search.verdict import Verdict
 from envbisect.search.wording import Reason, Say, say
 
@@ -68,7 +68,7 @@ class Isolator:
         if self.workers == 1 or len(self.units) < 2:
             return []
         states = chain(frozenset(), self.units.everything, list(self.units.ids), self.workers)
-        return [(State.of(s), "isolate (speculative)") for s in states[1:-1]]
+        return [(State.of(s), Purpose.SPECULATIVE) for s in states[1:-1]]
 
     def dd(self, passing: frozenset[str], failing: frozenset[str], purpose: str) -> Pair:
         """Narrow (passing good, failing bad, passing ⊂ failing) to a 1-unit difference.
@@ -191,7 +191,7 @@ class Isolator:
         start, end = self._first_pair(bad)
         while True:
             passing, failing = self.dd(
-                core | start, core | (end if end is not None else pool), "isolate"
+                core | start, core | (end if end is not None else pool), Purpose.ISOLATE
             )
             start = frozenset()
             end = None
@@ -271,9 +271,12 @@ class Isolator:
             # The two confirmations in one round (the second is wasted if the core turns
             # out to need more units).
             self.scheduler.measure_many(
-                [(State.of(core), "confirm: alone"), (State.of(bad - core), "confirm: without")]
+                [
+                    (State.of(core), Purpose.CONFIRM_ALONE),
+                    (State.of(bad - core), Purpose.CONFIRM_WITHOUT),
+                ]
             )
-        v = self.scheduler.measure(State.of(core), "confirm: alone")
+        v = self.scheduler.measure(State.of(core), Purpose.CONFIRM_ALONE)
         if v is not Verdict.UNRESOLVED:
             return v is Verdict.BAD
         rec = self.cache[State.of(core)]
@@ -296,4 +299,4 @@ class Isolator:
         if keep == bad:
             return bad
         self.cache.emit(EventKind.PHASE, say(Say.NARROWING_CONTEXT, units=self.units.sorted(keep)))
-        return self.dd(keep, bad, "isolate: context")[1]
+        return self.dd(keep, bad, Purpose.CONTEXT)[1]

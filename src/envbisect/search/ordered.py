@@ -10,7 +10,7 @@ from envbisect.search.budget import Budget
 from envbisect.search.result import EventKind, Evidence, Narrowed
 from envbisect.search.samples import SampleCache
 from envbisect.search.scheduler import Scheduler
-from envbisect.search.state import State, Units
+from envbisect.search.state import Purpose, State, Units
 from envbisect.search.verdict import Verdict
 from envbisect.search.wording import Say, say
 
@@ -56,7 +56,7 @@ class CommitNarrower:
 
         lo, hi = -1, last  # state_at(lo) good, state_at(hi) bad
         skipped: set[int] = set()
-        purpose = f"narrow: {unit}"
+        purpose = Purpose.NARROW.value + unit
         while hi - lo > 1:
             mid = (lo + hi) / 2
             choices = [p for p in range(lo + 1, hi) if p not in skipped]

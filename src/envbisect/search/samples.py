@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from envbisect.model.failure import Failure, FailureKind
 from envbisect.search.budget import Budget
 from envbisect.search.result import Event, EventKind, Trial
-from envbisect.search.state import BatchTestFn, Outcome, State, TestFn
+from envbisect.search.state import BatchTestFn, Outcome, Purpose, State, TestFn
 from envbisect.search.verdict import Noise, Verdict, median
 from envbisect.search.wording import Reason, Say, say
 
@@ -135,6 +135,7 @@ class SampleCache:
     def new(self, state: State, purpose: str) -> Record:
         """A new trial of ``state`` in the current round (``Spent`` past the budget)."""
         self.budget.check(len(self.order))
+        purpose = Purpose.text(purpose)
         rec = Record(index=len(self.order) + 1, state=state, purpose=purpose, round=self.round)
         self.records[state] = rec
         self.order.append(rec)

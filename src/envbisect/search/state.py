@@ -18,6 +18,25 @@ class OnFailure(str, Enum):
     SKIP = "skip"
 
 
+class Purpose(str, Enum):
+    """Why a state is measured (a trial's ``purpose``); an ordered unit's items are
+    measured for ``NARROW`` followed by the unit (``narrow: <unit>``)."""
+
+    ENDPOINT_GOOD = "endpoint: good"
+    ENDPOINT_BAD = "endpoint: bad"
+    ISOLATE = "isolate"
+    SPECULATIVE = "isolate (speculative)"
+    CONTEXT = "isolate: context"
+    CONFIRM_ALONE = "confirm: alone"
+    CONFIRM_WITHOUT = "confirm: without"
+    NARROW = "narrow: "
+
+    @staticmethod
+    def text(purpose: str) -> str:
+        """``purpose`` as a trial records it (a member's value; other strings as they are)."""
+        return purpose.value if isinstance(purpose, Purpose) else purpose
+
+
 @dataclass(frozen=True)
 class State:
     """Units applied on top of the good state.
