@@ -67,7 +67,7 @@ class Reason:
     data: Mapping[str, Any] = field(default_factory=dict)
 
     def text(self) -> str:
-        return _WORDS[self.code](**self.data)
+        return SENTENCES[self.code](**self.data)
 
     def __str__(self) -> str:
         return self.text()
@@ -160,7 +160,8 @@ def _aborted(why: Reason, found: Reason | None, candidates: int) -> str:
     return f"{why.text()}{known}; the cause is among {candidates} units"
 
 
-_WORDS: dict[Say, Callable[..., str]] = {
+# Each code's sentence, from the data its reason carries.
+SENTENCES: dict[Say, Callable[..., str]] = {
     Say.TRIAL_STARTED: lambda index, state, purpose: (
         f"trial {index}: {state.describe()} ({purpose})"
     ),
