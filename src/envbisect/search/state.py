@@ -130,7 +130,7 @@ class SearchSettings:
     # before the regression is called not reproduced (0: none).
     crash_runs: int = 0
     # Measure a state again when its bad verdict rests on samples taken under passing load
-    # (``_recheck``); off by default: it adds processes where load varies.
+    # (``recheck.LoadCheck``); off by default: it adds processes where load varies.
     recheck_loaded: bool = False
 
     def validate(self, units: Sequence[str]) -> None:
