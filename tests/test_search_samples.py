@@ -10,6 +10,7 @@ from envbisect.search.budget import Budget, Spent
 from envbisect.search.result import Event, EventKind
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import Outcome, State
+from envbisect.search.wording import Say
 
 
 def test_a_record_keeps_finite_samples_with_their_load_flags() -> None:
@@ -54,6 +55,7 @@ def test_the_cache_replays_before_it_calls_and_announces_each_trial() -> None:
     assert cache[good].samples == [9.0] and cache[bad].samples == [5.0, 5.0]
     assert [e.kind for e in events] == [EventKind.TRIAL_STARTED] * 2
     assert events[1].message == "trial 2: 1 applied: a (endpoint)"
+    assert events[1].reason is not None and events[1].reason.code is Say.TRIAL_STARTED
     assert len(cache) == 2 and [t.index for t in cache.trials()] == [1, 2]
 
 

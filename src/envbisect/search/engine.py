@@ -50,10 +50,20 @@ Public API:
   aborted), ``culprits`` (``Isolation``: units, evidence, narrowed commits), ``candidates``,
   ``restored`` (everything but the culprits, measured good), ``threshold``, ``noise``,
   ``trials`` (``Trial``: index, state, samples, median, verdict, failure, purpose),
-  ``message``, ``interrupted``; ``as_dict()`` for JSON/YAML renderers.
+  ``message``, ``interrupted``, ``reason`` (the message's code and data); ``as_dict()`` for
+  JSON/YAML renderers.
 - ``Event`` / ``EventKind``: progress (trial started, more samples, trial finished, phase),
-  each with an estimate of the trials left.
+  each with an estimate of the trials left and its ``reason``.
 - ``Verdict`` (re-exported from ``verdict``).
+
+Where each part lives (this module only wires them and runs the loop): the data types in
+``state`` (``State``, ``Outcome``, ``SearchSettings``, ``Purpose``, ``OnFailure``) and
+``result`` (``Trial``, ``Evidence``, ``Isolation``, ``SearchResult``, ``Event``); the sample
+cache and the test-function calls in ``samples``; the trial budget in ``budget``; the
+threshold and verdicts in ``threshold``; intermittent crashes in ``crashes``; one-at-a-time
+and k-worker rounds in ``scheduler``; rechecks under load in ``recheck``; the phases in
+``endpoints`` (1), ``isolate`` (3, 5), ``confirm`` (4) and ``ordered`` (6). No phase writes
+a sentence: each returns or emits a reason code with its data, worded in ``wording``.
 
 Argument mistakes (empty or duplicate units, a non-positive threshold, ...) raise
 ``ValueError``: they are programming errors of the caller, which validates user input first.

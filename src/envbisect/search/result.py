@@ -191,10 +191,12 @@ class EventKind(str, Enum):
 
 @dataclass(frozen=True)
 class Event:
-    """A progress report. ``trials_left`` is an estimate (None before the endpoints)."""
+    """A progress report. ``trials_left`` is an estimate (None before the endpoints);
+    ``message`` is the wording of ``reason``."""
 
     kind: EventKind
     message: str
     trial: Trial | None = None
     state: State | None = None
     trials_left: int | None = None
+    reason: Reason | None = None

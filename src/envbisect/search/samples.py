@@ -129,6 +129,7 @@ class SampleCache:
                     trial=rec.freeze() if rec else None,
                     state=rec.state if rec else None,
                     trials_left=self.budget.left,
+                    reason=reason,
                 )
             )
 
