@@ -40,6 +40,11 @@ import stat
 import time
 from typing import Any
 
+from envbisect.agent.procfs import read_stat
+
+# Shipped with this module by the bundle (see envbisect.transport.bundle).
+AGENT_REQUIRES = ("envbisect.agent.procfs",)
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not on POSIX: no machine-wide lock, journal only
@@ -355,12 +360,8 @@ def _alive(pid):
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"  # a zombie holds nothing
+    proc = read_stat(pid)
+    return proc is None or proc.state != "Z"  # a zombie holds nothing
 
 
 def _read_owner(fd):
