@@ -16,7 +16,7 @@ def reset_dynamo(torch):
     try:
         from torch._dynamo.utils import counters
 
-        torch._dynamo.reset()
+        torch._dynamo.reset()  # private: torch's own reset of compiled state
         counters.clear()
         from torch._dynamo.utils import compilation_time_metrics
 

@@ -356,7 +356,7 @@ class _dynamo_config:
     can be thread-local, so each drafter thread sets its own)."""
 
     def __init__(self, torch, overrides):
-        self.config = torch._dynamo.config
+        self.config = torch._dynamo.config  # private: dynamo's options live only there
         self.overrides = overrides
         self.saved = {}
 
@@ -382,7 +382,7 @@ def _apply_race_knobs(torch, p):
         "nested_fx": p["nested_fx"],
         "patch_module": None,
     }
-    config = torch._dynamo.config
+    config = torch._dynamo.config  # private: dynamo's options live only there
     if p["nested_fx"] == "force" and not hasattr(config, "force_compile_during_fx_trace"):
         raise ValueError(
             f"nested_fx 'force' needs torch >= 2.11 (this is {torch.__version__}): "
