@@ -7,15 +7,8 @@ import os
 import subprocess
 import sys
 
-from envbisect.agent import journal
-
 READY = ".envbisect-ready"
 FAILED = ".envbisect-failed"
-
-# Shipped with this module by the bundle (see envbisect.transport.bundle).
-AGENT_REQUIRES = ("envbisect.agent.journal",)
-
-sha256_of = journal.sha256_of
 
 # A repo's own hooks and fsmonitor never run from envbisect's git calls (a worktree add runs
 # post-checkout; any status may start an fsmonitor command).

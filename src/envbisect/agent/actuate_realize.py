@@ -11,11 +11,13 @@ import stat
 import sys
 
 from envbisect.agent import journal
-from envbisect.agent.actuate_common import output_tail, run_git, sha256_of, usable_dir
+from envbisect.agent.actuate_common import output_tail, run_git, usable_dir
+from envbisect.agent.durable import sha256_of
 
 # Shipped with this module by the bundle (see envbisect.transport.bundle).
 AGENT_REQUIRES = (
     "envbisect.agent.actuate_common",
+    "envbisect.agent.durable",
     "envbisect.agent.journal",
 )
 

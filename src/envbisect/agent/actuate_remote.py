@@ -41,7 +41,6 @@ from envbisect.agent.actuate_common import (
     UNSAFE_WORDS,
     output_tail,
     run_git,
-    sha256_of,
     usable_dir,
 )
 
@@ -50,12 +49,14 @@ from envbisect.agent.actuate_realize import apply as apply
 from envbisect.agent.actuate_realize import drop_dirs as drop_dirs
 from envbisect.agent.actuate_realize import op_drop, op_realize, op_restore, release_all, restore
 from envbisect.agent.actuate_venv import op_venv
+from envbisect.agent.durable import sha256_of
 
 # Shipped with this module by the bundle (see envbisect.transport.bundle).
 AGENT_REQUIRES = (
     "envbisect.agent.actuate_common",
     "envbisect.agent.actuate_realize",
     "envbisect.agent.actuate_venv",
+    "envbisect.agent.durable",
     "envbisect.agent.journal",
 )
 

@@ -95,7 +95,7 @@ def file_sha256(path):
     return h.hexdigest(), size
 
 
-# -- sections ------------------------------------------------------------------------------
+# -- distribution metadata and datasets ---------------------------------------------------
 
 
 def metadata_headers(text):
