@@ -76,7 +76,7 @@ from typing import Any
 
 from envbisect import sections
 from envbisect.agent import actuate_remote
-from envbisect.agent.actuate_remote import FAILED, READY
+from envbisect.agent.actuate_common import FAILED, READY
 from envbisect.model.errors import ActuationError, TransportError
 from envbisect.model.failure import Failure
 from envbisect.model.files import FileEntry

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envbisect.agent.journal import sha256_of
+from envbisect.agent.durable import sha256_of
 from envbisect.model.files import FileEntry
 from envbisect.model.manifest import Manifest
 
