@@ -99,7 +99,8 @@ def uv_resolver(uv: str, source_args: Sequence[str], python: str) -> Resolve:
     options for them) for the target's ``python`` version (``3.12``)."""
 
     def resolve(requirement: str) -> Mapping[str, str]:
-        from envbisect.snapshot.reconstruct import ReconstructError, uv_compile
+        from envbisect.model.errors import ReconstructError
+        from envbisect.snapshot.resolver import uv_compile
 
         args = ["--python-version", python, *source_args]
         try:

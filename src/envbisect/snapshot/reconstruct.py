@@ -23,11 +23,7 @@ from envbisect.model.config import Config
 from envbisect.model.errors import ReconstructError, TransportError
 from envbisect.model.manifest import Manifest, ManifestError
 from envbisect.model.manifest import load as load_manifest
-from envbisect.snapshot.resolver import (
-    Resolver,
-    uv_compile,  # noqa: F401  (search.pkgrun imports it from here)
-    uv_resolver,
-)
+from envbisect.snapshot.resolver import Resolver, uv_resolver
 from envbisect.snapshot.when import iso
 from envbisect.transport import Transport
 
