@@ -6,7 +6,7 @@ needs, installed the way uv installs by default: without ``.pyc`` files. A trial
 written; this machine sets it too), so nothing is ever cached by the imports themselves.
 
 Two overlay venvs of the same state (a tiny extra wheel installed, so an overlay exists) are
-built with envbisect's own ``venv`` operation (``agent.actuate_remote.op_venv``):
+built with envbisect's own ``venv`` operation (``agent.actuate_venv.op_venv``):
 
 * ``before``: the link farm alone (``add_bytecode`` switched off), as envbisect built it
   before issue 25;
@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envbisect.agent import actuate_remote
+from envbisect.agent import actuate_venv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from helpers_run import build_wheel  # noqa: E402  (the tests' wheel builder, not a copy)
@@ -88,15 +88,15 @@ def _overlay(session: Path, name: str, base: Path, wheels: Path, *, bytecode: bo
         proc = subprocess.run(argv, capture_output=True, text=True)
         return proc.returncode, proc.stdout + proc.stderr, None
 
-    keep = actuate_remote.add_bytecode
+    keep = actuate_venv.add_bytecode
     if not bytecode:
-        actuate_remote.add_bytecode = lambda *a, **k: []  # type: ignore[assignment]
+        actuate_venv.add_bytecode = lambda *a, **k: []  # type: ignore[assignment]
     try:
         t = time.perf_counter()
-        out = actuate_remote.op_venv(params, run)
+        out = actuate_venv.op_venv(params, run)
         took = time.perf_counter() - t
     finally:
-        actuate_remote.add_bytecode = keep
+        actuate_venv.add_bytecode = keep
     if out.get("failure"):
         raise SystemExit(out["failure"])
     return took

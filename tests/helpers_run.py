@@ -109,7 +109,7 @@ def simple_index(
     """A local PEP 503 simple index (file://) at ``root``: per project a page linking its
     files, with PEP 700 upload times where given; ``attrs``: file name → extra anchor
     attributes (``data-yanked``, ``data-requires-python``)."""
-    from envbisect.snapshot.reconstruct import iso
+    from envbisect.snapshot.when import iso
 
     for name, files in wheels.items():
         d = root / name

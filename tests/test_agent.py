@@ -211,11 +211,11 @@ def test_an_agent_exception_comes_back_as_a_transport_error(tmp_path: Path) -> N
 
 
 def test_an_agent_that_cannot_import_in_the_target_reports_why(tmp_path: Path) -> None:
-    # envbisect.transport is not self-contained: in the target, its imports must fail, and
+    # envbisect.transport.process is not self-contained: in the target, its imports must fail, and
     # the failure must come back framed rather than as a lost traceback.
     with pytest.raises(TransportError) as info:
         Transport().run_agent(
-            sys.executable, "envbisect.transport", {}, timeout_s=30, log_dir=tmp_path
+            sys.executable, "envbisect.transport.process", {}, timeout_s=30, log_dir=tmp_path
         )
     assert "ModuleNotFoundError" in str(info.value)
     assert "envbisect.model" in str(info.value)

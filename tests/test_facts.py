@@ -248,23 +248,23 @@ def test_the_thread_local_flag_of_torch_214(monkeypatch: Any) -> None:
     import threading
     import types
 
-    from envbisect.agent import probe
+    from envbisect.agent import probe_facts
 
     tls = threading.local()
     st = types.SimpleNamespace(
         _is_fx_tracing_tls=tls, _get_is_fx_tracing=lambda: getattr(tls, "flag", False)
     )
-    assert probe._flag(st) == (False, "thread-local")
+    assert probe_facts._flag(st) == (False, "thread-local")
     tls.flag = True
-    assert probe._flag(st) == (True, "thread-local")
+    assert probe_facts._flag(st) == (True, "thread-local")
     seen: list[Any] = []
-    other = threading.Thread(target=lambda: seen.append(probe._flag(st)))
+    other = threading.Thread(target=lambda: seen.append(probe_facts._flag(st)))
     other.start()
     other.join()
     assert seen == [(False, "thread-local")]  # another thread's flag is its own
     monkeypatch.setitem(sys.modules, "torch.fx._symbolic_trace", st)
-    monkeypatch.setitem(probe._S, "flag_outside", {})
-    probe._check_flag()
-    assert probe._S["flag_outside"] == {probe._thread_no(threading.get_ident()): 1}
+    monkeypatch.setitem(probe_facts.SEEN, "flag_outside", {})
+    probe_facts.check_flag()
+    assert probe_facts.SEEN["flag_outside"] == {probe_facts.thread_no(threading.get_ident()): 1}
     # up to 2.13: the module global
-    assert probe._flag(types.SimpleNamespace(_is_fx_tracing_flag=True)) == (True, "global")
+    assert probe_facts._flag(types.SimpleNamespace(_is_fx_tracing_flag=True)) == (True, "global")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.agent import actuate_remote
+from envbisect.agent import actuate_common
 from envbisect.model import gitcli
 
 
@@ -69,7 +69,7 @@ def test_a_hanging_git_times_out(hanging_git: Path, tmp_path: Path) -> None:
 
 
 def test_the_agents_git_times_out_too(hanging_git: Path, tmp_path: Path) -> None:
-    res = actuate_remote._git(str(tmp_path), "rev-list", "a..b", timeout=0.5)
+    res = actuate_common.run_git(str(tmp_path), "rev-list", "a..b", timeout=0.5)
     assert isinstance(res, subprocess.CompletedProcess)
     assert res.returncode == 124
     assert "timed out" in res.stderr

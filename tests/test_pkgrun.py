@@ -21,7 +21,8 @@ from packaging.version import Version
 from envbisect.cli import cli
 from envbisect.model.changes import Change, ChangeKind, Unit
 from envbisect.search.narrow import first_bad
-from envbisect.search.pkgrun import ReleaseSearch, _between, _cuda_note
+from envbisect.search.pkgrun import ReleaseSearch, _cuda_note
+from envbisect.search.releases import releases_between
 from envbisect.search.verdict import Verdict
 from envbisect.sections.torch_stack import components, outside_pins
 from tests.helpers_run import SLOWDOWN, Scenario, build_wheel, pkg
@@ -339,15 +340,15 @@ def test_outside_pins_reads_requires_dist_and_skips_extras() -> None:
 
 def test_releases_between_compare_public_versions_and_follow_the_direction() -> None:
     available = [Version(v) for v in ("2.12.0", "2.13.0", "2.13.0+cpu", "2.14.0", "2.14.1")]
-    assert _between("2.13.0+cpu", "2.14.1", available) == ["2.14.0"]
-    assert _between("2.14.1", "2.13.0+cpu", available) == ["2.14.0"]
+    assert releases_between("2.13.0+cpu", "2.14.1", available) == ["2.14.0"]
+    assert releases_between("2.14.1", "2.13.0+cpu", available) == ["2.14.0"]
     more = [*available, Version("2.13.1"), Version("2.14.0rc1")]
-    assert _between("2.14.1", "2.12.0", more) == ["2.14.0", "2.13.1", "2.13.0"]
-    assert _between("1.0", "2.0", [Version("1.0"), Version("2.0")]) == []
+    assert releases_between("2.14.1", "2.12.0", more) == ["2.14.0", "2.13.1", "2.13.0"]
+    assert releases_between("1.0", "2.0", [Version("1.0"), Version("2.0")]) == []
     # Between two +cpu builds, the +cpu build of a release; else the plain one.
     builds = [Version(v) for v in ("2.14.0", "2.14.0+cpu", "2.14.0+cu130", "2.14.1+cu130")]
-    assert _between("2.13.0+cpu", "2.15.0+cpu", builds) == ["2.14.0+cpu", "2.14.1+cu130"]
-    assert _between("2.13.0", "2.15.0", builds) == ["2.14.0", "2.14.1+cu130"]
+    assert releases_between("2.13.0+cpu", "2.15.0+cpu", builds) == ["2.14.0+cpu", "2.14.1+cu130"]
+    assert releases_between("2.13.0", "2.15.0", builds) == ["2.14.0", "2.14.1+cu130"]
 
 
 def test_first_bad_is_binary_search_and_skips_unresolved_items() -> None:

@@ -28,7 +28,8 @@ from envbisect.model import manifest as mf
 from envbisect.model.config import Config
 from envbisect.model.errors import ReconstructError
 from envbisect.snapshot import take_snapshot
-from envbisect.snapshot.reconstruct import AGENT, Confidence, iso, parse_as_of, rebuild
+from envbisect.snapshot.reconstruct import AGENT, Confidence, rebuild
+from envbisect.snapshot.when import iso, parse_as_of
 from envbisect.transport import Transport
 from tests.helpers_run import WORKLOAD, build_wheel, run_workload, simple_index, uv
 

@@ -130,7 +130,7 @@ def test_versions_the_target_cannot_get_are_one_message_before_any_trial(
     sshd_server: SshServer,  # noqa: F811 - the fixture imported above
 ) -> None:
     """The pre-check asks the target's own uv (its paths, its network, its cache)."""
-    from envbisect.model.sources import SourcesMissing
+    from envbisect.model.needs import SourcesMissing
 
     sc = Scenario(tmp_path)
     sc.venv("ebwork==2.0")

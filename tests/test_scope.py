@@ -305,7 +305,8 @@ def test_random_manifests_never_plan_a_path_outside_the_config(
 def _plan(g: Manifest, b: Manifest, side: Manifest, diff: Any) -> Any:
     """The realizers' plan of the state where every realized change has ``side``'s value
     (no I/O: facts answered as if every commit, dir and path were there)."""
-    from envbisect.realize.plan import Context, Facts, Sandbox, make_plan
+    from envbisect.model.plan import Context, Facts, Sandbox
+    from envbisect.realize.plan import make_plan
 
     facts = Facts(sha256={}, commits={}, revlists={}, dirs={}, exists={})
     ctx = Context(

@@ -18,7 +18,7 @@ from helpers_smoke import MICRO, MICRO_FLAGS, run_drafter_process
 
 torch = pytest.importorskip("torch")
 
-from envbisect.agent import drafter  # noqa: E402
+from envbisect.agent import drafter, drafter_facts, drafter_model, drafter_params  # noqa: E402
 from envbisect.cli import cli  # noqa: E402  (after the torch skip)
 from envbisect.model.errors import SmokeError  # noqa: E402
 from envbisect.run import smoke as host  # noqa: E402
@@ -35,7 +35,7 @@ def micro(**over):
 def test_dflash_mask_matches_hand_computed_case() -> None:
     # context of 6 tokens, blocks of 2, anchors at positions 1 and 4
     anchors = torch.tensor([[1, 4]])
-    mask = drafter.dflash_mask_dense(torch, anchors, ctx_len=6, block_size=2)
+    mask = drafter_model.dflash_mask_dense(torch, anchors, ctx_len=6, block_size=2)
     # columns: context 0..5, then block 0 slots (6, 7), block 1 slots (8, 9)
     block0 = [1, 0, 0, 0, 0, 0, 1, 1, 0, 0]  # before anchor 1: only token 0; own block
     block1 = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1]  # before anchor 4: tokens 0..3; own block
@@ -46,8 +46,8 @@ def test_dflash_mask_matches_hand_computed_case() -> None:
 def test_flex_mask_mod_agrees_with_dense_mask() -> None:
     anchors = torch.tensor([[3, 9, 20], [1, 2, 30]])
     ctx, bs = 40, 4
-    dense = drafter.dflash_mask_dense(torch, anchors, ctx, bs)
-    mod = drafter.dflash_mask_mod(anchors, ctx, bs)
+    dense = drafter_model.dflash_mask_dense(torch, anchors, ctx, bs)
+    mod = drafter_model.dflash_mask_mod(anchors, ctx, bs)
     t = anchors.shape[1] * bs
     b = torch.arange(2)[:, None, None]
     q = torch.arange(t)[None, :, None]
@@ -57,8 +57,8 @@ def test_flex_mask_mod_agrees_with_dense_mask() -> None:
 
 def test_attended_pairs_counts_the_mask() -> None:
     anchors = torch.tensor([[1, 4]])
-    mask = drafter.dflash_mask_dense(torch, anchors, ctx_len=6, block_size=2)
-    assert drafter.attended_pairs(anchors, 2) == int(mask.sum())
+    mask = drafter_model.dflash_mask_dense(torch, anchors, ctx_len=6, block_size=2)
+    assert drafter_model.attended_pairs(anchors, 2) == int(mask.sum())
 
 
 # ----------------------------------------------------------------------------- training
@@ -66,7 +66,7 @@ def test_attended_pairs_counts_the_mask() -> None:
 
 def test_loss_decreases_on_a_fixed_batch() -> None:
     p = drafter.resolve_params(micro(lr=3e-3), cuda_available=False)
-    trainer = drafter.Trainer(torch, p)
+    trainer = drafter_model.Trainer(torch, p)
     batch = trainer.make_batch(p["seq_len"], p["anchors"])
     losses = [float(trainer.step(batch)) for _ in range(30)]
     # frozen random embedding and lm_head cap how far it can go; a broken gradient stays flat
@@ -80,7 +80,7 @@ def test_weighted_loss_matches_plain_cross_entropy() -> None:
     w = torch.randn(20, 8, generator=gen)
     labels = torch.randint(0, 20, (10,), generator=gen)
     wts = torch.rand(10, generator=gen)
-    fused = drafter.make_linear_ce(torch, drafter.make_chunk_loss(torch), chunk=3)
+    fused = drafter_model.make_linear_ce(torch, drafter_model.make_chunk_loss(torch), chunk=3)
     loss = fused(h, w, labels, wts)
     loss.backward()
     h2 = h.detach().clone().requires_grad_(True)
@@ -93,7 +93,7 @@ def test_weighted_loss_matches_plain_cross_entropy() -> None:
 
 def test_slot_weights_decay_with_gamma() -> None:
     p = drafter.resolve_params(micro(), cuda_available=False)
-    trainer = drafter.Trainer(torch, p)
+    trainer = drafter_model.Trainer(torch, p)
     w = trainer.slot_w
     assert w.shape == (15,)
     assert float(w[0]) == pytest.approx(1.0)
@@ -211,7 +211,7 @@ def test_data_lengths_drive_the_batches(tmp_path: Path) -> None:
 
 def test_data_shape_plan_follows_the_records() -> None:
     p = drafter.resolve_params(micro(batch=2), cuda_available=False)
-    plan = drafter.ShapePlan(p, lengths=[40, 64, 128, 16])
+    plan = drafter_params.ShapePlan(p, lengths=[40, 64, 128, 16])
     assert plan.next() == (64, 4, 104)
     assert plan.next() == (128, 8, 160)
 
@@ -348,10 +348,10 @@ def test_samples_are_windows_of_one_process() -> None:
 
 
 def test_equal_chunks_pad_the_tail() -> None:
-    assert drafter.equal_chunks(7680, 4096) == (3840, 7680)
-    assert drafter.equal_chunks(100, 32) == (25, 100)
-    assert drafter.equal_chunks(101, 32) == (26, 104)
-    assert drafter.equal_chunks(10, 32) == (10, 10)
+    assert drafter_model.equal_chunks(7680, 4096) == (3840, 7680)
+    assert drafter_model.equal_chunks(100, 32) == (25, 100)
+    assert drafter_model.equal_chunks(101, 32) == (26, 104)
+    assert drafter_model.equal_chunks(10, 32) == (10, 10)
 
 
 # ----------------------------------------------------------------------------- host and CLI
@@ -433,7 +433,7 @@ def test_samples_env_sets_the_window_count(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_cpu_threads_are_sized_to_the_cores_really_free() -> None:
-    size = drafter.size_cpu_threads
+    size = drafter_facts.size_cpu_threads
     tiny, h200 = {"preset": "tiny"}, {"preset": "h200"}
     assert size(tiny, 8, 0.0, None)[0] == 1  # tiny: one thread unless asked
     assert size(dict(tiny, cpu_threads=3), 8, 0.0, None) == (3, "asked (--cpu-threads)")

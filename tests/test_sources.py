@@ -20,16 +20,10 @@ from packaging.version import Version
 
 from envbisect.agent import actuate_remote
 from envbisect.model.config import Config
-from envbisect.model.sources import (
-    Need,
-    SourceError,
-    Sources,
-    available_versions,
-    missing_message,
-    missing_needs,
-    uv_args,
-)
-from envbisect.realize.plan import VenvSpec
+from envbisect.model.listing import available_versions
+from envbisect.model.needs import Need, missing_message, missing_needs
+from envbisect.model.plan import VenvSpec
+from envbisect.model.sources import SourceError, Sources, uv_args
 from tests.helpers_run import build_wheel, make_venv, simple_index, tree_hashes, uv
 
 

@@ -280,7 +280,7 @@ def test_a_repo_git_refuses_as_unsafe_is_said_as_such(tmp_path: Path) -> None:
     out = actuate_remote.op_inspect({"commits": [[str(repo), head]]})
     assert out["commits"] == [False]
     assert "dubious ownership" in out["unsafe"][str(repo)]
-    from envbisect.realize.plan import Facts
+    from envbisect.model.plan import Facts
     from envbisect.sections.git import GitRealizer
 
     facts = Facts.from_answer(

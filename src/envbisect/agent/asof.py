@@ -25,17 +25,17 @@ import os
 import re
 import sys
 
-from envbisect.agent.collector import (
-    _Collector,
-    _data_dir,
-    _data_file,
-    _named_distributions,
-    _normalise,
-    _Timeout,
-    _walk,
+from envbisect.agent.collect_common import (
+    Collector,
+    Timeout,
+    data_dir,
+    data_file,
+    named_distributions,
+    normalise,
+    walk,
 )
 
-AGENT_REQUIRES = ("envbisect.agent.redact", "envbisect.agent.collector")
+AGENT_REQUIRES = ("envbisect.agent.redact", "envbisect.agent.collect_common")
 
 REQUIREMENT_FILES = ("requirements.txt", "pyproject.toml")
 _WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-.*\.whl$")
@@ -166,10 +166,10 @@ def installed_packages():
         entry = entry or os.getcwd()
         if not os.path.isdir(entry):
             continue
-        for name, version, meta_file, info_dir in _named_distributions(entry):
-            if _normalise(name) in out:
+        for name, version, meta_file, info_dir in named_distributions(entry):
+            if normalise(name) in out:
                 continue
-            out[_normalise(name)] = {
+            out[normalise(name)] = {
                 "version": version,
                 "installed": _installed_time(info_dir or meta_file),
                 "dist_info": info_dir or meta_file,
@@ -238,7 +238,7 @@ def kept_wheels(uv_cache, pip_cache, find_links, envs=()):
     for source, path, match, stamp in found:
         if match is None or stamp is None:
             continue
-        out.setdefault(_normalise(match.group("name")), []).append(
+        out.setdefault(normalise(match.group("name")), []).append(
             {"version": match.group("version"), "source": source, "path": path, "time": stamp}
         )
     return {k: sorted(v, key=lambda e: (e["time"], e["path"])) for k, v in sorted(out.items())}
@@ -247,7 +247,7 @@ def kept_wheels(uv_cache, pip_cache, find_links, envs=()):
 def _tree_mtime(path):
     if os.path.isdir(path):
         stamps = [_mtime(path) or 0.0]
-        for _rel, _size, stamp_ns in _walk(path):
+        for _rel, _size, stamp_ns in walk(path):
             stamps.append(stamp_ns / 1e9)
         return max(stamps)
     return _mtime(path)
@@ -261,7 +261,7 @@ def loose_paths(c, paths, data_map):
         copy = data_map.get(path)
         if copy and os.path.exists(copy):
             try:
-                facts = _data_dir(copy) if os.path.isdir(copy) else _data_file(c, copy)
+                facts = data_dir(copy) if os.path.isdir(copy) else data_file(c, copy)
                 entry["copy"] = {"path": copy, "mtime": _tree_mtime(copy), "facts": facts}
             except OSError as exc:
                 c.error("data", f"{copy}: {exc.strerror or exc}")
@@ -270,7 +270,7 @@ def loose_paths(c, paths, data_map):
 
 
 def main(params):
-    c = _Collector(params)
+    c = Collector(params)
     when = float(params["as_of"])
     blobs = {}
     repos = {}
@@ -278,7 +278,7 @@ def main(params):
     for repo in params.get("repos") or []:
         try:
             repos[repo] = repo_at(c, repo, when, files, params.get("keep_blobs"), blobs)
-        except (OSError, _Timeout) as exc:
+        except (OSError, Timeout) as exc:
             repos[repo] = {"error": str(exc)}
     home_cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     uv_cache = os.environ.get("UV_CACHE_DIR") or os.path.join(home_cache, "uv")

@@ -16,12 +16,18 @@ agent leads that group (it does under ssh and under a local run).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
+
+from envbisect.agent.procfs import read_stat
+
+# Registered before this module by the bundle (see envbisect.transport.bundle).
+AGENT_REQUIRES = ("envbisect.agent.procfs",)
 
 _state = {"fd": None, "nonce": None, "lock": threading.Lock(), "done": False}
 
@@ -50,13 +56,10 @@ def _end_own_group():
     for name in names:
         if not name.isdigit() or int(name) == me:
             continue
-        try:
-            with open("/proc/" + name + "/stat") as f:
-                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
-            if pgrp == me:
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            continue
+        proc = read_stat(int(name))
+        if proc is not None and proc.pgrp == me:
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
 
 
 def _exit(code):

@@ -37,34 +37,33 @@ import os
 import re
 import sys
 import threading
-import time
 
-CONFIG_ENV = "ENVBISECT_PROBE"
-SCHEMA = "envbisect/facts@1"
-MAX_REASONS = 20  # distinct reasons kept per kind (recompiles, graph breaks, warnings)
-
-_lock = threading.Lock()
-_tls = threading.local()
-_S = {
-    "t0": time.time(),
-    "flex_eager": 0,
-    "flex_graphs": 0,
-    "graphs_seen": 0,
-    "recompiles": {},  # reason -> count
-    "warnings": {},  # (category, message) -> count
-    "compiled_threads": {},  # thread ident -> name
-    "thread_no": {},  # thread ident -> 1, 2, ... in order of first sight
-    "tracing": {},  # thread ident -> FX traces in flight
-    "flag_outside": {},  # thread number -> times the flag was seen set outside a trace
-    "flag_crossed": {},  # thread number -> times it saw the global flag of another's trace
-    "pid": os.getpid(),  # a forked child does not deliver (it would overwrite the facts)
-    "fx_original": None,  # (function, its file) of is_fx_symbolic_tracing at import
-    "thread_errors": [],
-    "crash": None,
-    "exit_code": None,
-    "done": False,
-}
-
+if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed program
+    # run/probed.py's bootstrap runs this module and probe_facts under private names, so the
+    # program never sees an ``envbisect`` package made up by the probe.
+    from _envbisect_probe_facts import (
+        CONFIG_ENV,
+        MAX_REASONS,
+        SCHEMA,
+        SEEN,
+        SEEN_LOCK,
+        check_flag,
+        facts,
+        thread_no,
+        tls,
+    )
+else:
+    from envbisect.agent.probe_facts import (
+        CONFIG_ENV,
+        MAX_REASONS,
+        SCHEMA,
+        SEEN,
+        SEEN_LOCK,
+        check_flag,
+        facts,
+        thread_no,
+        tls,
+    )
 
 # ----------------------------------------------------------------------------- hooks
 
@@ -127,14 +126,6 @@ def _quietly(fn, *args):
         fn(*args)
 
 
-def _thread_no(ident):
-    with _lock:
-        known = _S["thread_no"]
-        if ident not in known:
-            known[ident] = len(known) + 1
-        return known[ident]
-
-
 def _hook_convert_frame(mod):
     import torch._dynamo.guards as guards
 
@@ -158,8 +149,8 @@ def _note_recompile(found):
         reason = re.sub(r"^\d+/\d+: ", "", reason)  # the compile id: "0/3: tensor 'x' ..."
     # One entry per kind of reason (numbers aside), keeping the first one's text.
     kind = re.sub(r"\d+", "#", reason)
-    with _lock:
-        table = _S["recompiles"]
+    with SEEN_LOCK:
+        table = SEEN["recompiles"]
         if kind in table or len(table) < MAX_REASONS:
             first, n = table.get(kind, (reason, 0))
             table[kind] = (first, n + 1)
@@ -178,31 +169,33 @@ def _hook_output_graph(mod):
 
 
 def _note_graph(gm):
-    if getattr(_tls, "eager_flex", 0):
+    if getattr(tls, "eager_flex", 0):
         return  # eager flex_attention compiles its own wrapper (backend "eager"): not ours
     flex = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and "flex_attention" in str(node.target):
             flex += 1
-    with _lock:
-        _S["graphs_seen"] += 1
-        _S["flex_graphs"] += 1 if flex else 0
+    with SEEN_LOCK:
+        SEEN["graphs_seen"] += 1
+        SEEN["flex_graphs"] += 1 if flex else 0
     _note_compiled_thread()
 
 
 def _note_compiled_thread():
     me = threading.current_thread()
     ident = me.ident
-    if ident not in _S["compiled_threads"]:
-        _thread_no(ident)
-        with _lock:
-            _S["compiled_threads"][ident] = me.name
+    if ident not in SEEN["compiled_threads"]:
+        thread_no(ident)
+        with SEEN_LOCK:
+            SEEN["compiled_threads"][ident] = me.name
 
 
 def _hook_eval_frame(mod):
     import types
 
-    cls = mod._TorchDynamoContext
+    # torch._dynamo.eval_frame has no public name for the base class whose __call__ turns a
+    # function into its compiled form; the probe wraps it to see compiled calls.
+    cls = mod._TorchDynamoContext  # private: torch.compile's context, no public name
     original = cls.__call__
 
     @functools.wraps(original)
@@ -212,10 +205,10 @@ def _hook_eval_frame(mod):
             return compiled
 
         def probed(*a, **k):
-            eager_flex = getattr(_tls, "eager_flex", 0)
-            if not eager_flex and threading.get_ident() not in _S["compiled_threads"]:
+            eager_flex = getattr(tls, "eager_flex", 0)
+            if not eager_flex and threading.get_ident() not in SEEN["compiled_threads"]:
                 _note_compiled_thread()
-            _check_flag()  # entering compiled code: the flag must not be set here
+            check_flag()  # entering compiled code: the flag must not be set here
             return compiled(*a, **k)
 
         # The copied __dict__ keeps Dynamo's own markers (_torchdynamo_orig_callable, ...).
@@ -238,13 +231,13 @@ def _hook_flex(mod):
     def flex_attention(*args, **kwargs):
         if is_compiling():
             return original(*args, **kwargs)
-        _S["flex_eager"] += 1
-        _check_flag()
-        _tls.eager_flex = getattr(_tls, "eager_flex", 0) + 1
+        SEEN["flex_eager"] += 1
+        check_flag()
+        tls.eager_flex = getattr(tls, "eager_flex", 0) + 1
         try:
             return original(*args, **kwargs)
         finally:
-            _tls.eager_flex -= 1
+            tls.eager_flex -= 1
 
     mod.flex_attention = functools.update_wrapper(flex_attention, original)
 
@@ -252,57 +245,23 @@ def _hook_flex(mod):
 def _hook_fx(mod):
     fn = mod.is_fx_symbolic_tracing
     code = getattr(fn, "__code__", None)
-    _S["fx_original"] = (fn, code.co_filename if code is not None else None)
+    SEEN["fx_original"] = (fn, code.co_filename if code is not None else None)
     tracer = mod.Tracer
     original = tracer.trace
 
     @functools.wraps(original)
     def trace(self, *args, **kwargs):
         me = threading.get_ident()
-        with _lock:
-            _S["tracing"][me] = _S["tracing"].get(me, 0) + 1
+        with SEEN_LOCK:
+            SEEN["tracing"][me] = SEEN["tracing"].get(me, 0) + 1
         try:
             return original(self, *args, **kwargs)
         finally:
-            with _lock:
-                _S["tracing"][me] -= 1
-            _check_flag()
+            with SEEN_LOCK:
+                SEEN["tracing"][me] -= 1
+            check_flag()
 
     tracer.trace = trace
-
-
-def _flag(st):
-    """The FX tracing flag as this thread sees it (torch ≥ 2.14: thread-local)."""
-    getter = getattr(st, "_get_is_fx_tracing", None)
-    if getter is not None:
-        return bool(getter()), "thread-local"
-    return bool(getattr(st, "_is_fx_tracing_flag", False)), "global"
-
-
-def _check_flag():
-    """The sentinel: the flag set while no FX trace is in flight where it could come from
-    (this thread for a thread-local flag, any thread for a global one)."""
-    st = sys.modules.get("torch.fx._symbolic_trace")
-    if st is None:
-        return
-    try:
-        value, storage = _flag(st)
-    except Exception:
-        return
-    if not value:
-        return
-    me = threading.get_ident()
-    with _lock:
-        tracing = _S["tracing"]
-        mine = tracing.get(me, 0)
-        busy = mine if storage == "thread-local" else sum(tracing.values())
-    if mine:
-        return
-    n = _thread_no(me)
-    # A global flag set by another thread's trace: the field's race (torch <= 2.13).
-    table = "flag_crossed" if busy else "flag_outside"
-    with _lock:
-        _S[table][n] = _S[table].get(n, 0) + 1
 
 
 _HOOKS = {
@@ -334,8 +293,8 @@ def _hook_torch_logging():
 def _note_warning(category, message):
     first = (str(message).strip().splitlines() or [""])[0][:200]
     key = (category, first)
-    with _lock:
-        table = _S["warnings"]
+    with SEEN_LOCK:
+        table = SEEN["warnings"]
         if key in table or len(table) < MAX_REASONS:
             table[key] = table.get(key, 0) + 1
 
@@ -353,10 +312,10 @@ def _install():
     excepthook = threading.excepthook
 
     def thread_excepthook(args):
-        with _lock:
-            _S["thread_errors"].append(
+        with SEEN_LOCK:
+            SEEN["thread_errors"].append(
                 {
-                    "thread": _thread_no(args.thread.ident) if args.thread else None,
+                    "thread": thread_no(args.thread.ident) if args.thread else None,
                     "class": getattr(args.exc_type, "__name__", "?"),
                     "message": str(args.exc_value)[:300],
                 }
@@ -364,7 +323,7 @@ def _install():
         return excepthook(args)
 
     threading.excepthook = thread_excepthook
-    _thread_no(threading.main_thread().ident)  # the main thread is thread 1
+    thread_no(threading.main_thread().ident)  # the main thread is thread 1
     finder = _PostImport(dict(_HOOKS))
     for name in list(finder.hooks):
         if name in sys.modules:  # imported before us (a sitecustomize): hook it now
@@ -372,139 +331,15 @@ def _install():
     sys.meta_path.insert(0, finder)
 
 
-# ----------------------------------------------------------------------------- facts
-
-
-def facts():
-    """What the probe knows now, in the shared fact schema (see ``envbisect.model.facts``)."""
-    out = {"schema": SCHEMA, "source": "probe", "torch": None}
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        out["torch"] = str(getattr(torch, "__version__", None))
-        for key, fn in (("compile", _compile_facts), ("memory", _memory_facts)):
-            try:
-                out[key] = fn(torch)
-            except Exception as exc:
-                out[key] = {"error": f"{type(exc).__name__}: {exc}"}
-    out["flex"] = {
-        "eager_calls": _S["flex_eager"],
-        "compiled_graphs": _S["flex_graphs"],
-        "imported": "torch.nn.attention.flex_attention" in sys.modules,
-    }
-    out["fx"] = _fx_facts()
-    alive = {t.ident for t in threading.enumerate()}
-    compiled = _S["compiled_threads"]
-    out["threads"] = {
-        "called_compiled": len(compiled),
-        "alive_at_exit": sorted(
-            f"thread {_S['thread_no'].get(i, 0)} ({name})"
-            for i, name in compiled.items()
-            if i in alive and i != threading.main_thread().ident
-        ),
-        "errors": list(_S["thread_errors"][:MAX_REASONS]),
-    }
-    out["warnings"] = [
-        {"category": c, "message": m, "count": n}
-        for (c, m), n in sorted(_S["warnings"].items(), key=lambda kv: -kv[1])
-    ]
-    out["crash"] = _S["crash"]
-    out["exit_code"] = _S["exit_code"]
-    out["elapsed_s"] = round(time.time() - _S["t0"], 3)
-    return out
-
-
-def _compile_facts(torch):
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is None:  # torch.compile never ran
-        zero = ("frames_compiled", "unique_graphs", "recompiles", "graph_breaks")
-        return dict(
-            dict.fromkeys(zero, 0),
-            recompile_reasons={},
-            graph_break_reasons={},
-            compile_s=0.0,
-            fxgraph_cache_hit=0,
-            fxgraph_cache_miss=0,
-        )
-    counters = utils.counters
-    breaks = {}
-    for reason, n in counters["graph_break"].items():
-        first = _reason(reason)
-        breaks[first] = breaks.get(first, 0) + int(n)
-    times = getattr(utils, "compilation_time_metrics", {}) or {}
-    recompiles = dict(_S["recompiles"].values())
-    return {
-        "frames_compiled": int(counters["frames"]["ok"]),
-        "unique_graphs": int(counters["stats"]["unique_graphs"]),
-        "recompiles": sum(recompiles.values()),
-        "recompile_reasons": recompiles,
-        "graph_breaks": sum(breaks.values()),
-        "graph_break_reasons": dict(sorted(breaks.items(), key=lambda kv: -kv[1])[:MAX_REASONS]),
-        "compile_s": round(sum(times.get("_compile.compile_inner", [])), 3),
-        "fxgraph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
-        "fxgraph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
-    }
-
-
-def _reason(text):
-    """A graph break's reason in one line: its first, and its explanation when it has one."""
-    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
-    first = lines[0] if lines else "?"
-    for line in lines[1:]:
-        if line.startswith("Explanation:"):
-            first += " (" + line[len("Explanation:") :].strip() + ")"
-            break
-    return first[:240]
-
-
-def _memory_facts(torch):
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
-        return {"cuda": False}
-    peak, ooms = 0, 0
-    for i in range(cuda.device_count()):
-        peak = max(peak, int(cuda.max_memory_allocated(i)))
-        ooms += int(cuda.memory_stats(i).get("num_ooms", 0))
-    return {"cuda": True, "peak_allocated_bytes": peak, "ooms": ooms}
-
-
-def _fx_facts():
-    st = sys.modules.get("torch.fx._symbolic_trace")
-    if st is None:
-        return {"is_fx_symbolic_tracing": None}
-    _check_flag()  # at exit, from the main thread
-    fn = getattr(st, "is_fx_symbolic_tracing", None)
-    original = _S["fx_original"]
-    state = "original"
-    where = None
-    if original is None or fn is not original[0]:
-        code = getattr(fn, "__code__", None)
-        if original is not None or (code is not None and code.co_filename != st.__file__):
-            state = "patched"
-            if code is not None:
-                where = f"{code.co_filename}:{code.co_firstlineno}"
-    try:
-        value, storage = _flag(st)
-    except Exception:
-        value, storage = None, None
-    return {
-        "is_fx_symbolic_tracing": state,
-        "patched_at": where,
-        "flag_storage": storage,
-        "flag_at_exit": value,
-        "flag_outside_trace": {str(k): v for k, v in sorted(_S["flag_outside"].items())},
-        "flag_from_other_thread": {str(k): v for k, v in sorted(_S["flag_crossed"].items())},
-    }
-
-
 # ----------------------------------------------------------------------------- delivery
 
 
 def _deliver():
     """Write the facts once: to the result file, or as a frame on the real stdout."""
-    with _lock:
-        if _S["done"] or os.getpid() != _S["pid"]:
+    with SEEN_LOCK:
+        if SEEN["done"] or os.getpid() != SEEN["pid"]:
             return
-        _S["done"] = True
+        SEEN["done"] = True
     try:
         data = facts()
     except Exception as exc:
@@ -628,17 +463,17 @@ def main():
             _run_script(words[0], words[1:])
     except SystemExit as exc:
         code = exc.code
-        _S["exit_code"] = code if isinstance(code, int) or code is None else 1
+        SEEN["exit_code"] = code if isinstance(code, int) or code is None else 1
         raise
     except KeyboardInterrupt:
-        _S["crash"] = {"class": "KeyboardInterrupt", "message": ""}
+        SEEN["crash"] = {"class": "KeyboardInterrupt", "message": ""}
         raise  # the interpreter's own exit for it (killed by SIGINT)
     except BaseException as exc:
-        _S["crash"] = {"class": type(exc).__name__, "message": str(exc)[:500]}
-        _S["exit_code"] = 1
+        SEEN["crash"] = {"class": type(exc).__name__, "message": str(exc)[:500]}
+        SEEN["exit_code"] = 1
         # As the interpreter reports an uncaught exception (through a sys.excepthook the
         # program may have set), without the bootstrap's frames; exit status 1 as well.
         tb = _trim(exc.__traceback__)
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         sys.exit(1)
-    _S["exit_code"] = 0
+    SEEN["exit_code"] = 0

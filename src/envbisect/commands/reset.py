@@ -22,7 +22,7 @@ def command(session_dir: str | None, config_path: str | None) -> int:
     session = Session.existing(root)
     session.lock()  # refuses while a live envbisect process still uses it
     done = session.reset()
-    from envbisect.realize.actuate import reset_remote
+    from envbisect.realize.remote import reset_remote
 
     for line in reset_remote(session):  # a remote target's journal, worktrees and venvs
         click.echo(printable(line))

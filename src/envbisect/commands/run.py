@@ -163,7 +163,7 @@ def command(**flags: Any) -> int:
     from envbisect.render import report
     from envbisect.run.endpoints import good_command_line
     from envbisect.run.options import validate_options
-    from envbisect.snapshot.reconstruct import parse_as_of
+    from envbisect.snapshot.when import parse_as_of
 
     args = RunFlags(**flags)
     when = parse_as_of(args.good_as_of) if args.good_as_of else None

@@ -80,8 +80,9 @@ def command(
     never imports torch. A summary goes to stderr; the manifest path to stdout.
     """
     from envbisect.snapshot import summary, take_snapshot, write_snapshot
-    from envbisect.snapshot.reconstruct import parse_as_of, snapshot_as_of
+    from envbisect.snapshot.reconstruct import snapshot_as_of
     from envbisect.snapshot.reconstruct import summary as reconstructed_summary
+    from envbisect.snapshot.when import parse_as_of
 
     when = parse_as_of(as_of) if as_of is not None else None  # a bad date costs nothing
     config = load_config(config_path).with_overrides(

@@ -39,7 +39,7 @@ def run(
     timeout_s: float = TIMEOUT_S,
 ) -> GitResult:
     """``git [-C repo] args...``; never raises for git's own failures or a timeout."""
-    from envbisect.agent.actuate_remote import NO_SIDE_EFFECTS
+    from envbisect.agent.actuate_common import NO_SIDE_EFFECTS
 
     argv = ["git"] + (["-C", str(repo)] if repo is not None else []) + [*NO_SIDE_EFFECTS, *args]
     try:
@@ -103,7 +103,7 @@ def show_file(
 ) -> bytes | None:
     """The content of ``path`` at ``commit`` (bytes as stored), or None when it is absent
     there or git fails."""
-    from envbisect.agent.actuate_remote import NO_SIDE_EFFECTS
+    from envbisect.agent.actuate_common import NO_SIDE_EFFECTS
 
     try:
         proc = subprocess.run(

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.agent import journal
+from envbisect.agent.procfs import read_stat
 from envbisect.agent.redact import redact_tree
 from envbisect.model import gitcli
 from envbisect.model.errors import SessionError
@@ -176,12 +177,9 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        # A zombie (killed, not yet reaped by its parent) answers kill(0) but holds nothing.
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-        return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
-    except OSError:
-        return True
+    # A zombie (killed, not yet reaped by its parent) answers kill(0) but holds nothing.
+    proc = read_stat(pid)
+    return proc is None or proc.state != "Z"
 
 
 class Session:

@@ -58,59 +58,45 @@ environment, argv path rewrites), the same for every target; an executor
 ``envbisect.agent.actuate_remote``: in this process for a local target, shipped with
 ``Transport.run_agent`` (one operation per call, nothing installed there) for a remote one.
 
-Remote targets (``--via``/``--target``): Everything lives under a remote session directory
-``<remote $HOME, else /tmp>/.envbisect/session-<id>`` (recorded in the local session log as a
-``remote`` event, so ``envbisect reset`` cleans it up too, see :func:`reset_remote`): the
-overlay venv is built there with the target's uv (on its PATH, next to its python, or
-``python -m uv``; without uv, package units are not bisectable and the reason says so), git
-worktrees are added in the remote repo, loose files are swapped after journaling on the
-target (blobs travel base64 in the parameters) and restored after every trial and on exit,
-cold caches are fresh remote dirs, and ``data_map`` paths are checked on the target. The
-per-trial environment reaches the far process through an innermost ``env`` layer (see
-``runner.run_once``).
+Remote targets (``--via``/``--target``): the same plans, carried out under a remote session
+directory; ``envbisect.realize.remote`` says what lives there and how ``reset`` finds it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envbisect import sections
 from envbisect.agent import actuate_remote
-from envbisect.agent.actuate_remote import FAILED, READY
-from envbisect.agent.journal import sha256_of
-from envbisect.agent.redact import is_redacted
+from envbisect.agent.actuate_common import FAILED, READY
 from envbisect.model.errors import ActuationError, TransportError
-from envbisect.model.events import RemoteEvent
 from envbisect.model.failure import Failure
-from envbisect.model.history import FileVersion, file_history, store
+from envbisect.model.files import FileEntry
+from envbisect.model.history import FileVersion, store
 from envbisect.model.manifest import Manifest
+from envbisect.model.plan import Context, FactQuery, Facts, Placement, Plan, Sandbox
 from envbisect.model.session import Session
 from envbisect.model.sources import Sources
-from envbisect.realize.execute import Executor, LocalExecutor, RemoteExecutor
-from envbisect.realize.plan import (
-    Context,
-    FactQuery,
-    Facts,
-    Placement,
-    Plan,
-    Sandbox,
-    make_plan,
-    realizers,
-)
+from envbisect.model.target import TargetEnv
+from envbisect.realize import variants
+from envbisect.realize.blobs import blob_dirs, find_blob
+from envbisect.realize.execute import Executor, LocalExecutor, RemoteExecutor, RemoteState
+from envbisect.realize.notes import env_holds, run_notes
+from envbisect.realize.plan import local_sandbox, make_plan, realizers, remote_sandbox
+from envbisect.realize.remote import AGENT, FAR_PATH, session_dir
+from envbisect.realize.variants import Variants, commit_ranges, realized_changes
 from envbisect.sections.caches import CACHE_ENV
-from envbisect.sections.files import FileEntry
-from envbisect.sections.git import GitEntry, repo_of
+from envbisect.sections.git import GitEntry
 from envbisect.sections.packages import PackagesRealizer
-from envbisect.transport import Layer, Transport
+from envbisect.transport import Transport
 
 REALIZERS = realizers()  # section → its realizer, in plan order (from the section modules)
 ACTIONABLE = tuple(REALIZERS)  # packages, git, files, env, caches, data
@@ -119,7 +105,6 @@ DERIVED = tuple(s.name for s in sections.known() if s.derived)  # torch, probes
 # FAILED/READY (the venv markers) and CACHE_ENV live with the code that uses them; kept here.
 __all__ = [
     "ACTIONABLE",
-    "AGENT",
     "CACHE_ENV",
     "DERIVED",
     "FAILED",
@@ -127,33 +112,7 @@ __all__ = [
     "Actuator",
     "Realized",
     "TargetEnv",
-    "blob_dirs",
-    "reset_remote",
 ]
-
-AGENT = "envbisect.agent.actuate_remote"
-FAR_PATH = "/usr/local/bin:/usr/bin:/bin"  # a remote target whose PATH the probe did not see
-
-
-def blob_dirs(manifest: Manifest, extra: Sequence[Path] = ()) -> list[Path]:
-    """Where the stored contents of ``manifest``'s files may be, first match wins."""
-    out: list[Path] = []
-    recorded = manifest.section("meta").get("blobs_dir")
-    if isinstance(recorded, str) and recorded:
-        out.append(Path(recorded))
-    if manifest.path is not None:
-        here = manifest.path.absolute().parent
-        out += [here / "blobs", here.parent / "blobs", here / "manifests" / "blobs"]
-    out += [Path(p) for p in extra]
-    return list(dict.fromkeys(out))
-
-
-def _realized_changes(unit: Any) -> list[Any]:
-    """The changes an actuator makes real for ``unit``: a git unit's committed files come
-    with its worktree (see ``diff.COMMITTED_NOTE``) and are not written on their own."""
-    if unit.section == "git":
-        return [c for c in unit.changes if c.section == "git"]
-    return list(unit.changes)
 
 
 @dataclass(frozen=True)
@@ -166,36 +125,6 @@ class Realized(Placement):
     caches: tuple[str, ...] = ()  # this trial's cache dirs, removed when it ends
     fill: tuple[str, ...] = ()  # caches to make warm by one run of the state (CacheDir.fill)
     cold: tuple[str, ...] = ()  # cold cache dirs: empty at the start of every run
-
-
-@dataclass(frozen=True)
-class TargetEnv:
-    """What the target python has installed (from the probe)."""
-
-    python: str
-    base: str
-    version: str
-    sites: tuple[str, ...]
-    dists: Mapping[str, Mapping[str, Any]]
-    home: str | None = None  # remote targets: where the remote session dir goes
-    path: str | None = None  # remote targets: PATH of the far process
-    uv: tuple[str, ...] | None = None  # remote targets: how to run uv there (None: no uv)
-    no_bytecode: tuple[str, ...] = ()  # packages installed without .pyc files
-
-    @classmethod
-    def from_agent(cls, python: str, data: Mapping[str, Any]) -> TargetEnv:
-        """From the ``probe`` operation of the agent (local or through the chain)."""
-        return cls(
-            python=python,
-            base=str(data["base"]),
-            version=str(data["version"]),
-            sites=tuple(data["sites"]),
-            dists={d["name"]: d for d in data["dists"]},
-            home=str(data.get("home") or "/tmp"),
-            path=str(data.get("path") or ""),
-            uv=tuple(data["uv"]) if data.get("uv") else None,
-            no_bytecode=tuple(data.get("no_bytecode") or ()),
-        )
 
 
 @dataclass
@@ -226,8 +155,10 @@ class Actuator:
     # Unused since worktrees are found by path; parallel.worker_actuators still resets it.
     _blocked: frozenset[str] | None = None
     _facts: Facts | None = None  # the target's answers to the realizers' questions
-    _remote_dirty: bool = False  # remote: files may be swapped there right now
-    _remote_venvs: set[str] = field(default_factory=set)  # remote: venvs known ready
+    # How the remote state starts (``parallel.worker_actuators`` starts each copy afresh).
+    _remote_dirty: InitVar[bool] = False
+    _remote_venvs: InitVar[set[str] | None] = None
+    _remote: RemoteState = field(init=False, repr=False)  # what the remote executors keep
     # Workers of one host realize states from several threads: one build at a time (venvs
     # and worktrees are shared between states); the trials themselves run side by side.
     _build_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -239,19 +170,12 @@ class Actuator:
     _claimed: bool = False
     # Stored contents found so far: (id of the manifest, blob name) → checked blob file.
     _blobs: dict[tuple[int, str], Path | None] = field(default_factory=dict, repr=False)
-    # A file unit inside a repo: its contents a position stands for (``history``): the
-    # versions the engine bisects over, then the hunk subsets the run registers.
-    _variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
-    _versions: dict[str, tuple[FileVersion, ...]] = field(default_factory=dict, repr=False)
-    # A git unit's states beyond its commits (the hunk step): its worktree at a position
-    # (-1: the good commit) with some files' contents replaced ({file key: files value}).
-    _commit_variants: dict[str, list[tuple[int, dict[str, dict[str, Any]]]]] = field(
-        default_factory=dict, repr=False
-    )
-    # A package unit's states beyond all-or-nothing (the package step: a component of the
-    # torch stack, a release between the endpoints): {package key: its value}; the unit's
-    # other changes keep the good state's values.
-    _package_variants: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    # The states the run registers beyond the units' endpoints (shared with the copies).
+    _states: Variants = field(default_factory=Variants, repr=False)
+
+    def __post_init__(self, _remote_dirty: bool, _remote_venvs: set[str] | None) -> None:
+        venvs = _remote_venvs if _remote_venvs is not None else set()
+        self._remote = RemoteState(dirty=_remote_dirty, venvs=venvs)
 
     @property
     def remote(self) -> bool:
@@ -259,7 +183,17 @@ class Actuator:
         return bool(self.transport.layers)
 
     def _executor(self) -> Executor:
-        return RemoteExecutor(self) if self.remote else LocalExecutor(self)
+        if not self.remote:
+            return LocalExecutor(self.transport, self.session, uv=self.uv_path)
+        return RemoteExecutor(
+            self.agent,
+            self._remote,
+            log_dir=self.session.root / "remote",
+            where=self.transport.describe(),
+            root=self.remote_root,
+            uv=lambda: self.target().uv,
+            probed=self._target is not None,
+        )
 
     def _context(self) -> Context:
         """What the realizers see of this run and of the target."""
@@ -269,7 +203,7 @@ class Actuator:
             python=self.python,
             facts=self._inspect,
             target=self.target,
-            blob=self._blob,
+            blob=self.blob,
             blob_places=lambda m: ", ".join(str(d) for d in blob_dirs(m, self.blob_dirs)),
             env_holds=self._env_holds,
             uv_missing=lambda: self.remote and self.target().uv is None,
@@ -303,7 +237,7 @@ class Actuator:
         return out
 
     def _unit_blocker(self, ctx: Context, unit: Any) -> str | None:
-        actionable = [c for c in _realized_changes(unit) if c.section in REALIZERS]
+        actionable = [c for c in realized_changes(unit) if c.section in REALIZERS]
         other = sorted({c.section for c in unit.changes} - set(ACTIONABLE) - set(DERIVED))
         if other:
             return f"no actuator for {', '.join(other)} changes (reported, not bisected)"
@@ -353,99 +287,34 @@ class Actuator:
 
     def remote_root(self) -> str:
         """The remote session dir (recorded in the local session log on first use)."""
-        target = self.target()
-        tag = hashlib.sha256(
-            f"{self.session.root}\0{self.transport.describe()}".encode()
-        ).hexdigest()[:12]
-        root = f"{(target.home or '/tmp').rstrip('/')}/.envbisect/session-{tag}"
-        if not any(
-            e.get("type") == "remote" and e.get("root") == root for e in self.session.events()
-        ):
-            layers = [layer.as_dict() for layer in self.transport.layers]
-            self.session.append(RemoteEvent(root, self.python, layers))
-        return root
+        return session_dir(self.session, self.transport, self.python, self.target().home)
 
     def notes(self) -> list[str]:
         """Caveats about the run as a whole (printed once at the start)."""
-        out: list[str] = [
-            f"env {key} is a secret (redacted in the manifest): every trial passes it "
-            "through from your environment unchanged"
-            for key in self._passed_through()
-        ]
-        for unit in self.units:
-            for change in unit.changes:
-                if change.section == "git":
-                    out += self._dirty_notes(str(change.key))
-        return out
-
-    def _dirty_notes(self, key: str) -> list[str]:
-        """What a repo's uncommitted changes in either state mean for the run."""
-        out = []
-        repo = key.rstrip("/") + "/"
-        for side, m in (("good", self.good), ("bad", self.bad)):
-            if not GitEntry.of(m.section("git").get(key)).dirty:
-                continue
-            tracked = sorted(f for f in m.section("files") if str(f).startswith(repo))
-            if tracked:
-                out.append(
-                    f"git {key} had uncommitted changes in the {side} state; "
-                    f"only the {len(tracked)} file(s) under files: in that repo are "
-                    "reproduced from the manifest, any other uncommitted edit is not"
-                )
-            else:
-                out.append(
-                    f"git {key} had uncommitted changes in the {side} state; "
-                    "they are not reproduced unless their files are listed under files:"
-                )
-        return out
+        return run_notes(self.good, self.bad, self.units, self._blocked_ids())
 
     def ordered(self) -> dict[str, list[str]]:
         """git unit id → commits after good's head up to bad's head (oldest first)."""
-        out: dict[str, list[str]] = {}
-        for unit in self.units:
-            gits = [c for c in unit.changes if c.section == "git"]
-            if len(gits) != 1 or len(_realized_changes(unit)) != 1:
-                continue
-            key = str(gits[0].key)
-            old = GitEntry.of(self.good.section("git").get(key)).head
-            new = GitEntry.of(self.bad.section("git").get(key)).head
-            if not old or not new:
-                continue
-            commits = list(self._inspect().revlists.get((key, old, new)) or [])
-            if len(commits) > 1:
-                out[unit.id] = commits
-                self._commits[unit.id] = commits
+        out = commit_ranges(self.good, self.bad, self.units, lambda: self._inspect().revlists)
+        self._commits.update(out)
         for unit_id, versions in self.file_versions().items():
             out[unit_id] = [v.item for v in versions]
         return out
+
+    def _unit_commits(self, unit_id: str) -> list[str]:
+        return self._commits.get(unit_id) or self.ordered().get(unit_id, [])
 
     def file_versions(self) -> dict[str, tuple[FileVersion, ...]]:
         """file unit id → its versions after the good commit (``history.file_history``), for
         a file inside a recorded repo whose commit changed; local targets only (the repo is
         read here)."""
-        if self._versions or self.remote:
-            return self._versions
-        repos = self.bad.section("git")
-        for unit in self.units:
-            if unit.section != "files" or len(unit.changes) != 1:
-                continue
-            key = str(unit.changes[0].key)
-            repo = repo_of(key, [str(r) for r in repos])
-            if repo is None:
-                continue
-            heads = (
-                GitEntry.of(self.good.section("git").get(repo)).head,
-                GitEntry.of(repos.get(repo)).head,
-            )
-            entries = [FileEntry.of(m.section("files").get(key)) for m in (self.good, self.bad)]
-            if not heads[0] or not heads[1] or heads[0] == heads[1] or None in entries:
-                continue
-            shas = (entries[0].sha256, entries[1].sha256)  # type: ignore[union-attr]
-            versions = file_history(repo, key, (heads[0], heads[1]), shas, self.variant_blobs)
-            if versions:
-                self._versions[unit.id] = versions
-                self._variants[unit.id] = [v.value() for v in versions]
-        return self._versions
+        if self._states.versions or self.remote:
+            return self._states.versions
+        found = variants.file_versions(self.good, self.bad, self.units, self.variant_blobs)
+        for unit_id, versions in found.items():
+            self._states.versions[unit_id] = versions
+            self._states.files[unit_id] = [v.value() for v in versions]
+        return self._states.versions
 
     @property
     def variant_blobs(self) -> Path:
@@ -456,11 +325,7 @@ class Actuator:
         """Register ``content`` as a state of file unit ``unit_id``: the position that
         stands for it (the same position for the same content)."""
         sha = store(self.variant_blobs, content)
-        value = {"sha256": sha, "size": len(content), "blob": sha}
-        variants = self._variants.setdefault(unit_id, [])
-        if value not in variants:
-            variants.append(value)
-        return variants.index(value)
+        return self._states.add_file(unit_id, {"sha256": sha, "size": len(content), "blob": sha})
 
     def content(self, unit_id: str, pos: int | None) -> bytes | None:
         """The content of file unit ``unit_id`` at position ``pos`` (None: the bad state's;
@@ -470,7 +335,7 @@ class Actuator:
         value = manifest.section("files").get(key)
         if pos is not None and pos >= 0:
             value = self._variant(unit_id, pos, None)
-        path = self._blob(manifest, value) if value is not None else None
+        path = self.blob(manifest, value) if value is not None else None
         return path.read_bytes() if path is not None else None
 
     # -- realizing ---------------------------------------------------------------------
@@ -482,37 +347,17 @@ class Actuator:
         target as it is (as for every unit that is not bisected)."""
         if self.remote:
             return True
-        env = self.base_env if self.base_env is not None else os.environ
-        current = env.get(key)
-        prefix = str(value.get("redacted") or "")
-        if current is None or not prefix:
-            return False
-        digest = hashlib.sha256(current.encode("utf-8", "surrogateescape")).hexdigest()
-        return digest.startswith(prefix)
+        return env_holds(self.base_env if self.base_env is not None else os.environ, key, value)
 
-    def _passed_through(self) -> list[str]:
-        """Env vars with a redacted side that no trial sets (their unit is not realized)."""
-        blocked = self._blocked_ids()
-        out = []
-        for unit in self.units:
-            if unit.bisectable is not False and unit.id not in blocked:
-                continue
-            for change in unit.changes:
-                if change.section == "env" and (
-                    is_redacted(self.good.section("env").get(str(change.key)))
-                    or is_redacted(self.bad.section("env").get(str(change.key)))
-                ):
-                    out.append(str(change.key))
-        return sorted(out)
-
-    def _values(
+    def state_values(
         self, applied: frozenset[str], positions: Mapping[str, int]
-    ) -> dict[tuple[str, str], Any]:
-        """(section, key) → the state's value for every actionable change."""
-        values: dict[tuple[str, str], Any] = {}
+    ) -> dict[tuple[str, str], tuple[Manifest, Any]]:
+        """(section, key) → (source manifest, value) of every actionable change in a state:
+        what ``realize`` makes real, and what ``bisect.faithful`` checks it against."""
+        values: dict[tuple[str, str], tuple[Manifest, Any]] = {}
         for unit in self.units:
             on = unit.id in applied
-            for change in _realized_changes(unit):
+            for change in realized_changes(unit):
                 if change.section not in REALIZERS:
                     continue
                 key = str(change.key)
@@ -522,8 +367,9 @@ class Actuator:
                         continue  # never bisected: the variable stays as the environment has it
                     source = self.bad  # never bisected: stays as the target is
                 value = source.section(change.section).get(key)
-                if on and unit.id in positions and unit.id in self._package_variants:
-                    source, value = self._package_value(unit.id, positions[unit.id], key)
+                if on and unit.id in positions and unit.id in self._states.packages:
+                    pos = positions[unit.id]
+                    source, value = self._states.package(unit.id, pos, key, self.good, self.bad)
                 elif on and change.section == "git" and unit.id in positions:
                     value = self._at_position(unit.id, positions[unit.id], value)
                 elif on and change.section == "files" and unit.id in positions:
@@ -538,7 +384,7 @@ class Actuator:
     def _at_position(self, unit_id: str, pos: int, value: Any) -> Any:
         """A git value moved to the ``pos``-th commit of its unit's range (a position past
         its commits: a state ``add_commit_variant`` registered, at its base commit)."""
-        commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        commits = self._unit_commits(unit_id)
         variant = self._commit_variant(unit_id, pos)
         if variant is not None and variant[0] < 0:
             key = str(next(u for u in self.units if u.id == unit_id).changes[0].key)
@@ -553,33 +399,19 @@ class Actuator:
         """Register a state of git unit ``unit_id``: its worktree at commit position ``base``
         (-1: the good commit) with ``contents`` (file key → bytes) written into it; the
         position that stands for it (past the unit's commits; the same for the same state)."""
-        commits = self._commits.get(unit_id) or self.ordered().get(unit_id, [])
+        commits = self._unit_commits(unit_id)
         files = {}
         for key, content in sorted(contents.items()):
             sha = store(self.variant_blobs, content)
             files[key] = {"sha256": sha, "size": len(content), "blob": sha}
-        variants = self._commit_variants.setdefault(unit_id, [])
-        if (base, files) not in variants:
-            variants.append((base, files))
-        return len(commits) + variants.index((base, files))
+        return self._states.add_commit(unit_id, base, files, len(commits))
 
     def add_package_variant(self, unit_id: str, values: Mapping[str, Any]) -> int:
         """Register a state of package unit ``unit_id`` (a plain package or the torch
         stack): the packages in ``values`` (key → a ``packages:`` value, None: absent) as
         given, the unit's other changes as in the good state; the position that stands for
         it (the same for the same values)."""
-        variants = self._package_variants.setdefault(unit_id, [])
-        wanted = dict(sorted(values.items()))
-        if wanted not in variants:
-            variants.append(wanted)
-        return variants.index(wanted)
-
-    def _package_value(self, unit_id: str, pos: int, key: str) -> tuple[Manifest, Any]:
-        """(source, value) of change ``key`` of package unit ``unit_id`` at ``pos``."""
-        variant = self._package_variants[unit_id][pos]
-        if key in variant:
-            return self.bad, variant[key]
-        return self.good, self.good.section("packages").get(key)
+        return self._states.add_package(unit_id, values)
 
     def venv_of(self, applied: frozenset[str], positions: Mapping[str, int]) -> Path | None:
         """Where the overlay venv of a state is (None: the state needs none, or the target is
@@ -588,33 +420,19 @@ class Actuator:
             return None
         env = dict(self.base_env if self.base_env is not None else os.environ)
         sandbox = self._sandbox(self.session.root / "trials" / "preview", env)
-        values = self._values(applied, positions)
+        values = self.state_values(applied, positions)
         wanted = {key: v for (section, key), (_src, v) in values.items() if section == "packages"}
         spec, _failure = PackagesRealizer.venv(self._context(), sandbox, wanted)
         return Path(spec.path) if spec is not None else None
 
     def _commit_variant(self, unit_id: str, pos: int) -> tuple[int, dict[str, Any]] | None:
-        variants = self._commit_variants.get(unit_id)
-        if not variants:
-            return None
-        i = pos - len(self._commits.get(unit_id) or self.ordered().get(unit_id, []))
-        return variants[i] if 0 <= i < len(variants) else None
+        return self._states.commit(unit_id, pos, lambda: len(self._unit_commits(unit_id)))
 
     def _variant(self, unit_id: str, pos: int, value: Any) -> Any:
         """A file value moved to the ``pos``-th content of its unit (a version, a hunk set)."""
-        if unit_id not in self._variants:
+        if unit_id not in self._states.files:
             self.file_versions()
-        variants = self._variants.get(unit_id)
-        if variants and 0 <= pos < len(variants):
-            return variants[pos]
-        return value
-
-    def state_values(
-        self, applied: frozenset[str], positions: Mapping[str, int]
-    ) -> dict[tuple[str, str], tuple[Manifest, Any]]:
-        """(section, key) → (source manifest, value) of every actionable change in a state:
-        what ``realize`` makes real, and what ``bisect.faithful`` checks it against."""
-        return self._values(applied, positions)
+        return self._states.file(unit_id, pos, value)
 
     def _blocked_ids(self) -> frozenset[str]:
         if self._blocked is None:
@@ -682,30 +500,14 @@ class Actuator:
         origin = Path(self.cwd or Path.cwd()).absolute()
         if self.remote:
             root = self.remote_root()
-            return Sandbox(
-                root=root,
-                trial=f"{root}/trials/{trial_dir.name}",
-                origin=origin,
-                cwd=None,  # a cwd of this machine means nothing there; a worktree sets one
-                path=self.target().path or FAR_PATH,
-                in_venv=False,
-                local=False,
-            )
-        prefix = Path(self.python).parent.parent
-        return Sandbox(
-            root=str(self.session.root),
-            trial=str(trial_dir),
-            origin=origin,
-            cwd=self.cwd,
-            path=env.get("PATH", ""),
-            in_venv=os.path.isabs(self.python) and (prefix / "pyvenv.cfg").exists(),
-        )
+            return remote_sandbox(root, trial_dir.name, origin, self.target().path or FAR_PATH)
+        return local_sandbox(self.session.root, trial_dir, origin, self.cwd, self.python, env)
 
     def preview(self, applied: frozenset[str], trial_dir: Path) -> Plan:
         """The plan of a state, made but not carried out (``run --print-command``)."""
         env = dict(self.base_env if self.base_env is not None else os.environ)
         sandbox = self._sandbox(trial_dir, env)
-        return make_plan(self._context(), sandbox, self._values(applied, {}), env)
+        return make_plan(self._context(), sandbox, self.state_values(applied, {}), env)
 
     def _build(
         self, applied: frozenset[str], positions: Mapping[str, int], trial_dir: Path
@@ -717,7 +519,7 @@ class Actuator:
             plan = make_plan(
                 self._context(),
                 self._sandbox(trial_dir, env),
-                self._values(applied, positions),
+                self.state_values(applied, positions),
                 env,
             )
             if plan.failure:
@@ -773,28 +575,17 @@ class Actuator:
         return found
 
     def blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
-        """The stored content of a files entry, or None (``_blob``): what a run shows."""
-        return self._blob(manifest, value)
-
-    def _blob(self, manifest: Manifest, value: Mapping[str, Any] | FileEntry) -> Path | None:
         """The stored content of a files entry: under the blob dir the snapshot recorded
         (``meta.blobs_dir``), beside the manifest, one level up (``manifests/blobs`` next to
         a manifest in a subfolder) or in this run's ``manifests_dir``; checked by sha256."""
-        entry = value if isinstance(value, FileEntry) else FileEntry.of(value)
-        name = entry.blob_name if entry is not None else None
-        if entry is None or not name:
-            return None
-        key = (id(manifest), name)
-        if key not in self._blobs:
-            self._blobs[key] = next(
-                (
-                    base / name
-                    for base in [*blob_dirs(manifest, self.blob_dirs), self.variant_blobs]
-                    if (base / name).is_file() and sha256_of(str(base / name)) == entry.content_sha
-                ),
-                None,
-            )
-        return self._blobs[key]
+        return find_blob(
+            manifest,
+            value,
+            lambda: [*blob_dirs(manifest, self.blob_dirs), self.variant_blobs],
+            self._blobs,
+        )
+
+    _blob = blob  # the old name, until ``run.runner`` calls ``blob``
 
     def close(self) -> None:
         """Restore files and remove the worktrees (venvs stay for a later --resume), here
@@ -802,30 +593,3 @@ class Actuator:
         self.restore()
         self.session.remove_worktrees()
         self._executor().cleanup()
-
-
-def reset_remote(session: Session) -> list[str]:
-    """``envbisect reset`` for the remote parts of ``session``: restore the target's journal,
-    remove its worktrees, venvs and cache dirs. Returns one line per thing done."""
-    lines: list[str] = []
-    seen: set[str] = set()
-    for ev in session.events():
-        if ev.get("type") != "remote" or ev.get("root") in seen:
-            continue
-        root = str(ev["root"])
-        seen.add(root)
-        transport = Transport(tuple(Layer(tuple(d["argv"]), d["kind"]) for d in ev["layers"]))
-        out = transport.run_agent(
-            str(ev["python"]),
-            AGENT,
-            {"op": "cleanup", "root": root, "all": True},
-            timeout_s=300,
-            log_dir=session.root / "remote",
-            name="reset",
-        )
-        where = transport.describe()
-        lines += [f"restored {p} (via {where})" for p in out.get("restored") or ()]
-        lines += [f"{line} (via {where})" for line in out.get("kept") or ()]
-        lines += [f"removed worktree {p} (via {where})" for p in out.get("worktrees") or ()]
-        lines += [f"removed {p} (via {where})" for p in out.get("removed") or ()]
-    return lines

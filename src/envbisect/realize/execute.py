@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from envbisect.agent import actuate_remote
 from envbisect.model.failure import Failure
-from envbisect.transport import ProcessResult
+from envbisect.transport import ProcessResult, Transport
 
 if TYPE_CHECKING:
-    from envbisect.realize.actuate import Actuator
-    from envbisect.realize.plan import Plan
+    from envbisect.model.plan import Plan
+    from envbisect.model.session import Session
 
 # uv's own time limits (a cold uv cache may download a large wheel).
 VENV_TIMEOUT_S = 300
@@ -61,11 +63,35 @@ class Executor(Protocol):
         ...
 
 
+class AgentCall(Protocol):
+    """One operation of the agent through the chain (``Actuator.agent``)."""
+
+    def __call__(
+        self,
+        op: str,
+        params: Mapping[str, Any],
+        log_dir: Path,
+        name: str,
+        timeout_s: float = 300,
+    ) -> dict[str, Any]: ...
+
+
+@dataclass
+class RemoteState:
+    """What the remote executors of one actuator keep between operations (the actuator
+    holds it; a new executor is made for each operation)."""
+
+    dirty: bool = False  # files may be swapped there right now
+    venvs: set[str] = field(default_factory=set)  # venvs built (or found ready) there
+
+
 class LocalExecutor:
     """The agent's operations in this process (see the module docstring for why)."""
 
-    def __init__(self, act: Actuator) -> None:
-        self.act = act
+    def __init__(self, transport: Transport, session: Session, uv: Callable[[], str]) -> None:
+        self.transport = transport  # runs uv
+        self.session = session  # its journal swaps files, its log records worktrees
+        self.uv = uv  # the uv that builds venvs (found on first use)
 
     def inspect(self, params: dict[str, Any]) -> dict[str, Any]:
         return dict(actuate_remote.op_inspect(params))
@@ -73,17 +99,17 @@ class LocalExecutor:
     def venv(self, params: dict[str, Any], trial_dir: Path) -> tuple[str | None, str | None]:
         def run(argv: list[str], name: str) -> tuple[int, str, str]:
             limit = VENV_TIMEOUT_S if name == "build-venv" else INSTALL_TIMEOUT_S
-            res = self.act.transport.run(argv, log_dir=trial_dir, name=name, timeout_s=limit)
+            res = self.transport.run(argv, log_dir=trial_dir, name=name, timeout_s=limit)
             return res.returncode, _stderr(res), str(res.stderr_path)
 
-        out = actuate_remote.op_venv({**params, "uv": [self.act.uv_path()], "where": ""}, run)
+        out = actuate_remote.op_venv({**params, "uv": [self.uv()], "where": ""}, run)
         return out.get("venv"), out.get("failure")
 
     def apply(self, plan: Plan, trial_dir: Path) -> tuple[str | None, list[str]]:
         ops = plan.ops()
         for item, swap in zip(ops["swaps"], plan.swaps, strict=True):
             item["blob"] = str(swap.blob) if swap.blob is not None else None
-        session = self.act.session
+        session = self.session
         out = actuate_remote.apply(
             {**ops, "where": ""},
             put=lambda target, content: session.journal.swap(Path(target), content),
@@ -92,7 +118,7 @@ class LocalExecutor:
         return out["failure"], list(out["notes"])
 
     def restore(self) -> list[str]:
-        journal = self.act.session.journal
+        journal = self.session.journal
         seen = len(journal.kept)
         journal.restore()
         return [k.describe() for k in journal.kept[seen:]]
@@ -104,28 +130,41 @@ class LocalExecutor:
 class RemoteExecutor:
     """The agent's operations through the actuator's layer chain, one call each."""
 
-    def __init__(self, act: Actuator) -> None:
-        self.act = act
-
-    def _log(self) -> Path:
-        return self.act.session.root / "remote"
+    def __init__(
+        self,
+        agent: AgentCall,
+        state: RemoteState,
+        *,
+        log_dir: Path,
+        where: str,
+        root: Callable[[], str],
+        uv: Callable[[], tuple[str, ...] | None],
+        probed: bool,
+    ) -> None:
+        self.agent = agent
+        self.state = state
+        self.log_dir = log_dir  # where the run-wide operations log (``<session>/remote``)
+        self.where = where  # the chain, as messages name it
+        self.root = root  # the remote session dir (recorded on first use)
+        self.uv = uv  # how to run uv there (the target's probe; None: no uv)
+        self.probed = probed  # the target was reached: there may be something to clean up
 
     def inspect(self, params: dict[str, Any]) -> dict[str, Any]:
-        return self.act.agent("inspect", params, self._log(), "inspect")
+        return self.agent("inspect", params, self.log_dir, "inspect")
 
     def venv(self, params: dict[str, Any], trial_dir: Path) -> tuple[str | None, str | None]:
-        uv = self.act.target().uv
+        uv = self.uv()
         if uv is None:
             return None, Failure.build("uv is not available on the target")
         path = str(params["venv"])
-        if path in self.act._remote_venvs:
+        if path in self.state.venvs:
             return path, None  # built (or found ready) there earlier in this run
-        out = self.act.agent(
+        out = self.agent(
             "venv", {**params, "uv": list(uv)}, trial_dir, "build-venv", timeout_s=1800
         )
         if out.get("failure"):
             return None, f"{out['failure']} (full log: {trial_dir / 'build-venv.stderr'})"
-        self.act._remote_venvs.add(path)
+        self.state.venvs.add(path)
         return str(out["venv"]), None
 
     def apply(self, plan: Plan, trial_dir: Path) -> tuple[str | None, list[str]]:
@@ -135,26 +174,23 @@ class RemoteExecutor:
             # run left there and compares again; it fails only if the file is not as wanted.
             if swap.blob is not None:
                 item["content"] = base64.b64encode(swap.blob.read_bytes()).decode("ascii")
-        self.act._remote_dirty = self.act._remote_dirty or bool(plan.swaps)
-        root = self.act.remote_root()
-        out = self.act.agent(
-            "realize", {"root": root, "pid": os.getpid(), **ops}, trial_dir, "realize"
-        )
+        self.state.dirty = self.state.dirty or bool(plan.swaps)
+        root = self.root()
+        out = self.agent("realize", {"root": root, "pid": os.getpid(), **ops}, trial_dir, "realize")
         return out.get("failure"), list(out.get("notes") or ())
 
     def restore(self) -> list[str]:
-        if not self.act._remote_dirty:
+        if not self.state.dirty:
             return []
-        out = self.act.agent("restore", {"root": self.act.remote_root()}, self._log(), "restore")
-        self.act._remote_dirty = False
-        where = self.act.transport.describe()
-        return [f"{line} (via {where})" for line in out.get("kept") or ()]
+        out = self.agent("restore", {"root": self.root()}, self.log_dir, "restore")
+        self.state.dirty = False
+        return [f"{line} (via {self.where})" for line in out.get("kept") or ()]
 
     def cleanup(self) -> None:
-        if self.act._target is None:
+        if not self.probed:
             return  # nothing was ever done there
-        self.act.agent("cleanup", {"root": self.act.remote_root()}, self._log(), "cleanup")
-        self.act._remote_dirty = False
+        self.agent("cleanup", {"root": self.root()}, self.log_dir, "cleanup")
+        self.state.dirty = False
 
 
 def _stderr(res: ProcessResult) -> str:

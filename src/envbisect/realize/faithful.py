@@ -34,8 +34,8 @@ from packaging.utils import canonicalize_name
 from envbisect.agent.redact import is_redacted
 from envbisect.agent.redact import redact_env as redact_env_value
 from envbisect.model.errors import TransportError
+from envbisect.model.files import FileEntry
 from envbisect.sections.caches import CACHE_ENV
-from envbisect.sections.files import FileEntry
 from envbisect.sections.git import GitEntry
 from envbisect.sections.packages import PackageEntry
 from envbisect.transport import Transport

@@ -19,15 +19,8 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from envbisect.model.manifest import Manifest
-from envbisect.model.sources import (
-    Need,
-    Sources,
-    SourcesMissing,
-    missing_message,
-    missing_needs,
-    same_version,
-    uv_args,
-)
+from envbisect.model.needs import Need, SourcesMissing, missing_message, missing_needs, same_version
+from envbisect.model.sources import Sources, uv_args
 from envbisect.sections.packages import PackageEntry
 
 # A remote target's own uv, asked once for a batch: [[requirement, uv options], ...] →

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envbisect.agent.procfs import read_stat
+
 # Other processes taking this much CPU on average (in cores) make a sample contended: on
 # a 2-core box, half a core elsewhere already moves the tiny preset (benchmarks/RESULTS.md).
 CONTENDED_CORES = 0.5
@@ -138,11 +140,8 @@ def usable_cores() -> int:
 
 
 def _parent(pid: int) -> int | None:
-    try:
-        stat = (_PROC / str(pid) / "stat").read_text(encoding="ascii", errors="replace")
-        return int(stat.rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    proc = read_stat(pid, str(_PROC))
+    return None if proc is None else proc.ppid
 
 
 def is_ours(pid: int, me: int | None = None) -> bool:
@@ -220,16 +219,9 @@ def _process_cpu() -> dict[int, tuple[str, float]]:
     except OSError:
         return out
     for entry in entries:
-        try:
-            stat = (_PROC / entry / "stat").read_text(encoding="ascii", errors="replace")
-        except OSError:
-            continue
-        name = stat[stat.find("(") + 1 : stat.rfind(")")]
-        rest = stat.rsplit(")", 1)[1].split()
-        try:
-            out[int(entry)] = (name, (int(rest[11]) + int(rest[12])) / hz)
-        except (ValueError, IndexError):
-            continue
+        proc = read_stat(int(entry), str(_PROC))
+        if proc is not None:
+            out[proc.pid] = (proc.comm, (proc.utime + proc.stime) / hz)
     return out
 
 

@@ -51,16 +51,23 @@ _PY_NO_PROGRAM = frozenset(("-h", "-?", "--help", "--help-all", "-V", "--version
 
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
-    """The ``-c`` program: the probe's source (compressed, base64: no character any layer
-    quotes), registered as a module of its own, then ``main()``."""
-    source = (Path(__file__).parents[1] / "agent" / "probe.py").read_bytes()
-    blob = base64.b64encode(zlib.compress(source, 9)).decode("ascii")
-    return (
-        "import base64,sys,types,zlib;m=types.ModuleType('_envbisect_probe');"
-        "sys.modules[m.__name__]=m;"
-        f"exec(compile(zlib.decompress(base64.b64decode('{blob}')),"
-        "'<envbisect-probe>','exec'),m.__dict__);m.main()"
-    )
+    """The ``-c`` program: the probe's sources (compressed, base64: no character any layer
+    quotes), each registered as a module of its own (``probe_facts`` first: ``probe`` imports
+    it), then ``main()``."""
+    agent = Path(__file__).parents[1] / "agent"
+    register = []
+    for name, file in (
+        ("_envbisect_probe_facts", "probe_facts.py"),
+        ("_envbisect_probe", "probe.py"),
+    ):
+        blob = base64.b64encode(zlib.compress((agent / file).read_bytes(), 9)).decode("ascii")
+        label = "<envbisect-" + file[:-3].replace("_", "-") + ">"
+        register.append(
+            f"m=types.ModuleType('{name}');sys.modules[m.__name__]=m;"
+            f"exec(compile(zlib.decompress(base64.b64decode('{blob}')),"
+            f"'{label}','exec'),m.__dict__);"
+        )
+    return "import base64,sys,types,zlib;" + "".join(register) + "m.main()"
 
 
 @dataclass(frozen=True)

@@ -288,7 +288,7 @@ def _package_step(
 def _releases(actuator: Actuator) -> Releases:
     """The releases of a package that the run's package sources hold (final ones, with a
     wheel that fits the target's python)."""
-    from envbisect.model.sources import available_versions
+    from envbisect.model.listing import available_versions
 
     def releases(name: str) -> list[Any]:
         sources = replace(actuator.package_sources(), target_python=actuator.target().version)

@@ -1,4 +1,5 @@
-"""The bisection engine (pure: ``search``, ``verdict``) and its I/O parts (actuate, session).
+"""The bisection engine (pure: ``search``, ``verdict``; its phases in ``engine``'s sibling
+modules, its words in ``wording``) and the narrowing steps below a culprit (hunks, packages).
 
 Imported as ``envbisect.search``; it does not shadow the stdlib ``bisect`` (src layout).
 """
@@ -21,7 +22,9 @@ from envbisect.search.engine import (
     Trial,
     search,
 )
+from envbisect.search.state import OnFailure, Purpose
 from envbisect.search.verdict import Judge, Noise, Verdict
+from envbisect.search.wording import Reason, Say
 
 __all__ = [
     "BatchTestFn",
@@ -32,7 +35,11 @@ __all__ = [
     "Judge",
     "Narrowed",
     "Noise",
+    "OnFailure",
     "Outcome",
+    "Purpose",
+    "Reason",
+    "Say",
     "SearchOutcome",
     "SearchResult",
     "SearchSettings",

@@ -27,8 +27,9 @@ from envbisect.model.gitcli import changed_files, show_file
 from envbisect.model.history import FileVersion, HunkCulprit, commit_facts, shown_path
 from envbisect.model.hunks import Hunk, HunkError, apply, decode, split
 from envbisect.model.metric import format_ktok
-from envbisect.search.engine import Narrowed, Outcome, SearchOutcome, SearchResult, State
 from envbisect.search.narrow import HunkIsolation, isolate_hunks
+from envbisect.search.result import Narrowed, SearchOutcome, SearchResult
+from envbisect.search.state import Outcome, State
 from envbisect.search.verdict import Judge, Noise, Verdict, median
 from envbisect.sections.git import GitEntry
 

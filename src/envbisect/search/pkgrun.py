@@ -35,24 +35,43 @@ from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
-from envbisect.model.errors import ActuationError, EnvBisectError
+from envbisect.model.errors import EnvBisectError
 from envbisect.model.failure import Failure
-from envbisect.search.engine import Outcome, SearchOutcome, SearchResult, State
 from envbisect.search.hunkrun import HunkSettings, HunkTrial, Measure
 from envbisect.search.narrow import first_bad, isolate_hunks
+from envbisect.search.releases import (
+    Companions,
+    Releases,
+    Resolve,
+    package_entry,
+    releases_between,
+    uv_resolver,
+    version_of,
+)
+from envbisect.search.result import SearchOutcome, SearchResult
+from envbisect.search.state import Outcome, State
 from envbisect.search.verdict import Judge, Noise, Verdict
 from envbisect.sections.packages import PackageEntry
 from envbisect.sections.torch_stack import CUDA, TORCH, Component, components, outside_pins
 
+__all__ = [
+    "RELEASES",
+    "SPLIT",
+    "Companions",
+    "PackageFinding",
+    "ReleaseSearch",
+    "Releases",
+    "Resolve",
+    "StackSplit",
+    "find_within",
+    "search_releases",
+    "split_stack",
+    "uv_resolver",
+]
+
 SPLIT = "narrow: torch stack"
 RELEASES = "narrow: releases of "
-
-# package name → the final releases the configured sources hold, ascending.
-Releases = Callable[[str], Sequence[Version]]
-# "torch==2.14.0" → normalised name → version of everything it pins, as the sources resolve it.
-Resolve = Callable[[str], Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -117,7 +136,7 @@ class ReleaseSearch:
 
     @property
     def upgrade(self) -> bool:
-        return _version(self.bad) >= _version(self.good)
+        return version_of(self.bad) >= version_of(self.good)
 
     def last_good(self) -> str | None:
         """The release just before the first bad one, from the good side."""
@@ -192,13 +211,6 @@ class PackageFinding:
             "stack": self.split.as_dict() if self.split is not None else None,
             "release": self.release.as_dict() if self.release is not None else None,
         }
-
-
-def _version(text: str) -> Version:
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return Version("0")
 
 
 class _Step:
@@ -383,53 +395,6 @@ def split_stack(step: _Step) -> tuple[StackSplit, frozenset[int], Component | No
     return split, base, culprit
 
 
-def _entry(version: str) -> dict[str, Any]:
-    """A ``packages:`` value for ``version`` from the sources."""
-    return {"version": version, "editable": False, "direct_url": None}
-
-
-@dataclass
-class Companions:
-    """torch's companions while its releases are tried: resolved per release against the
-    sources (``resolve``: ``torch==V`` → the versions it pins), else left where ``kept``
-    says (the versions of the state below). Mutable: it records what each release got."""
-
-    keys: tuple[str, ...]  # the unit's other package keys
-    kept: str
-    resolve: Resolve | None = None
-    resolved: dict[str, dict[str, str]] = field(default_factory=dict)  # release → key → v
-    failed: dict[str, str] = field(default_factory=dict)  # release → why not
-
-    def values(self, key: str, version: str) -> dict[str, Any]:
-        """The companions' values for release ``version`` of ``key`` ({} when unresolved)."""
-        if self.resolve is None or not self.keys:
-            return {}
-        try:
-            pins = self.resolve(f"{key}=={version}")
-        except (EnvBisectError, OSError, ValueError) as exc:
-            self.failed[version] = str(exc)
-            return {}
-        got = {k: pins[canonicalize_name(k)] for k in self.keys if canonicalize_name(k) in pins}
-        self.resolved[version] = got
-        return {k: _entry(v) for k, v in got.items()}
-
-    def note(self) -> str:
-        parts = []
-        if self.resolved:
-            shown = "; ".join(
-                f"{v}: " + (", ".join(f"{k} {x}" for k, x in sorted(p.items())) or "none of them")
-                for v, p in self.resolved.items()
-            )
-            parts.append(
-                "torch's companions were resolved for each release with uv pip compile "
-                f"against the configured sources ({shown})"
-            )
-        if self.failed or self.resolve is None:
-            why = "; ".join(f"{v}: {w}" for v, w in self.failed.items())
-            parts.append(self.kept + (f" (could not resolve them: {why})" if why else ""))
-        return "during the release search " + "; ".join(parts)
-
-
 def search_releases(
     step: _Step,
     key: str,
@@ -455,7 +420,7 @@ def search_releases(
     except (EnvBisectError, OSError, ValueError) as exc:
         note = f"cannot list the releases of {key} ({exc}): no release search"
         return ReleaseSearch(key, good.version, bad.version, (), note=note)
-    between = _between(good.version, bad.version, available)
+    between = releases_between(good.version, bad.version, available)
     if not between:
         note = (
             f"no release of {key} lies between {good.version} and {bad.version} in the "
@@ -470,7 +435,11 @@ def search_releases(
 
     def test(p: int) -> Verdict:
         v = between[p]
-        values = {**base, **(companions.values(key, v) if companions else {}), key: _entry(v)}
+        values = {
+            **base,
+            **(companions.values(key, v) if companions else {}),
+            key: package_entry(v),
+        }
         shown = f"{key} {v} (a release between the endpoints)"
         return step.measure(step.state(values), RELEASES + key, shown, f"{key}=={v}")
 
@@ -493,28 +462,6 @@ def search_releases(
         spent=found.spent,
         warnings=warnings,
     )
-
-
-def _between(good: str, bad: str, available: Sequence[Version]) -> list[str]:
-    """The releases strictly between ``good`` and ``bad`` (public versions compared, so
-    ``2.13.0`` lies not between ``2.13.0+cpu`` and ``2.14.1``), one per public version,
-    ordered from ``good`` towards ``bad``."""
-    lo, hi = sorted((Version(_version(good).public), Version(_version(bad).public)))
-    # A build of the endpoints' kind first (``+cpu`` between two +cpu builds), else the
-    # plain release, else any local build of it.
-    labels = [x for x in (_version(bad).local, _version(good).local) if x]
-    seen: dict[Version, list[Version]] = {}
-    for v in available:
-        public = Version(v.public)
-        if lo < public < hi and not v.is_prerelease and not v.is_devrelease:
-            seen.setdefault(public, []).append(v)
-
-    def rank(v: Version) -> tuple[int, Version]:
-        local = v.local or ""
-        return (labels.index(local) if local in labels else len(labels) + bool(local), v)
-
-    ordered = [str(min(seen[p], key=rank)) for p in sorted(seen)]
-    return ordered if _version(bad) >= _version(good) else ordered[::-1]
 
 
 def _guilty(result: SearchResult, units: Mapping[str, Any]) -> list[tuple[Any, frozenset[str]]]:
@@ -584,19 +531,3 @@ def _below(step: _Step, releases: Releases, resolve: Resolve | None) -> PackageF
         progress(release.sentence())
     labels = tuple(step.labels.items())
     return PackageFinding(unit.id, split, release, tuple(step.m.trials), labels)
-
-
-def uv_resolver(uv: str, source_args: Sequence[str], python: str) -> Resolve:
-    """``uv pip compile`` of one requirement against the sources (``source_args``: uv's
-    options for them) for the target's ``python`` version (``3.12``)."""
-
-    def resolve(requirement: str) -> Mapping[str, str]:
-        from envbisect.snapshot.reconstruct import ReconstructError, uv_compile
-
-        args = ["--python-version", python, *source_args]
-        try:
-            return uv_compile(uv, "requirements.in", requirement + "\n", args)
-        except ReconstructError as exc:
-            raise ActuationError(f"{exc} ({requirement})") from None
-
-    return resolve

@@ -5,7 +5,7 @@ how its entries are read (a small frozen entry type), compared and described (``
 how its changes become units (``unit``, ``refine``, and for sections whose rules span
 several changes ``claim`` and ``regroup``) and why one is not bisectable (``reason``).
 A bisectable section's module also holds its realizer (``realizer``): how a state's value
-of the section is realized in a trial, as a part of a plan (``envbisect.realize.plan``, no I/O),
+of the section is realized in a trial, as a part of a plan (``envbisect.model.plan``, no I/O),
 which the actuator's executor carries out locally or on a remote target. ``diff``, the
 blocker and the plan builder walk this registry instead of ``if section == ...`` chains.
 The collectors stay in the stdlib-only agent (``envbisect.agent.collector``), one
@@ -38,7 +38,7 @@ from envbisect.model.changes import (
 from envbisect.model.manifest import Manifest
 
 if TYPE_CHECKING:
-    from envbisect.realize.plan import Realizer
+    from envbisect.model.plan import Realizer
 
 
 @dataclass(frozen=True)

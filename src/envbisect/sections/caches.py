@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from envbisect.model.changes import EntryPair, Found, Unit, human_bytes
-from envbisect.realize.plan import CacheDir, Context, FactQuery, Plan, Sandbox, Values
+from envbisect.model.plan import CacheDir, Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
 CACHE_ENV = {"inductor": "TORCHINDUCTOR_CACHE_DIR", "triton": "TRITON_CACHE_DIR"}

@@ -20,7 +20,7 @@ from envbisect.model.changes import (
     read_fields,
     strip_volatile,
 )
-from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values
+from envbisect.model.plan import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from envbisect.agent.redact import is_redacted, redact_env
 from envbisect.model.changes import Change, ChangeKind, Found, Unit, keys
-from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values
+from envbisect.model.plan import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import Section, register
 
 REDACTED_GOOD_REASON = "the good value is redacted in the manifest, so it cannot be set again"

@@ -24,7 +24,7 @@ from envbisect.model.changes import (
     Unit,
     count,
 )
-from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values
+from envbisect.model.plan import Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 from envbisect.sections.files import NO_CONTENT_REASON
 

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.utils import canonicalize_name
 
@@ -24,11 +24,9 @@ from envbisect.model.changes import (
     compare_versions,
 )
 from envbisect.model.failure import Failure
-from envbisect.realize.plan import Context, FactQuery, Plan, Sandbox, Values, VenvSpec
+from envbisect.model.plan import Context, FactQuery, Plan, Sandbox, Values, VenvSpec
+from envbisect.model.target import TargetEnv
 from envbisect.sections import KeyedSection, register
-
-if TYPE_CHECKING:
-    from envbisect.realize.actuate import TargetEnv
 
 
 @dataclass(frozen=True)

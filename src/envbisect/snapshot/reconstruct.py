@@ -10,14 +10,11 @@ manifest's ``reconstructed:`` block. Nothing here prints.
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
-import subprocess
-import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -26,7 +23,8 @@ from envbisect.model.config import Config
 from envbisect.model.errors import ReconstructError, TransportError
 from envbisect.model.manifest import Manifest, ManifestError
 from envbisect.model.manifest import load as load_manifest
-from envbisect.model.sources import Sources, uv_args
+from envbisect.snapshot.resolver import Resolver, uv_resolver
+from envbisect.snapshot.when import iso
 from envbisect.transport import Transport
 
 AGENT = "envbisect.agent.asof"
@@ -89,106 +87,6 @@ class Reconstruction:
     def doubtful(self) -> tuple[Fact, ...]:
         """Facts of low or unknown confidence: the likely reasons a good state is not good."""
         return tuple(f for f in self.facts if f.confidence in LOW_CONFIDENCE)
-
-
-# ---- time -------------------------------------------------------------------------------
-
-
-def parse_as_of(text: str, now: datetime | None = None) -> datetime:
-    """``text`` as an aware time: ISO 8601 (``2026-11-20``, ``2026-11-20 09:00``,
-    ``2026-11-20T09:00Z``); without a zone it is the local time of this host."""
-    now = now or datetime.now(timezone.utc)
-    raw = text.strip()
-    try:
-        when = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise ReconstructError(
-            f"--as-of {text!r}: not a date; write it like '2026-11-20 09:00' "
-            "(local time) or '2026-11-20T09:00Z'"
-        ) from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    if when > now:
-        raise ReconstructError(f"--as-of {text!r}: {iso(when)} is in the future (now {iso(now)})")
-    return when
-
-
-def iso(when: datetime | float) -> str:
-    """UTC, to the second, ``Z``-suffixed."""
-    if not isinstance(when, datetime):
-        when = datetime.fromtimestamp(when, timezone.utc)
-    return when.astimezone(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-# ---- the resolver ----------------------------------------------------------------------
-
-# (input file name, its text, constraints lines, time) -> {name: version}; raises
-# ReconstructError with uv's last line when it cannot resolve.
-Resolver = Callable[[str, str, list[str], datetime], dict[str, str]]
-
-
-def uv_compile(
-    uv: str, name: str, text: str, args: Sequence[str], constraints: Sequence[str] = ()
-) -> dict[str, str]:
-    """``uv pip compile`` of ``text`` (a requirements file named ``name``) with uv's
-    ``args`` and ``constraints`` lines, in a temporary dir: the pinned versions. Raises
-    ReconstructError with uv's last line when it cannot resolve."""
-    with tempfile.TemporaryDirectory(prefix="envbisect-compile-") as tmp:
-        src = Path(tmp) / name
-        src.write_text(text, encoding="utf-8")
-        argv = [uv, "pip", "compile", "-q", "--no-header", "--no-annotate", *args]
-        if constraints:
-            cons = Path(tmp) / "constraints.txt"
-            cons.write_text("".join(f"{c}\n" for c in constraints), encoding="utf-8")
-            argv += ["-c", str(cons)]
-        argv.append(str(src))
-        try:
-            proc = subprocess.run(
-                argv, capture_output=True, text=True, timeout=300, cwd=tmp, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ReconstructError(f"uv pip compile: {exc}") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["failed"])[-1]
-        raise ReconstructError(f"uv pip compile: {last.strip()}")
-    return compiled_pins(proc.stdout)
-
-
-def uv_resolver(config: Config) -> Resolver:
-    """``uv pip compile --exclude-newer`` against the configured package sources."""
-
-    def resolve(name: str, text: str, constraints: list[str], when: datetime) -> dict[str, str]:
-        uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
-        args = ["--exclude-newer", iso(when), *_source_args(config)]
-        return uv_compile(uv, name, text, args, [*constraints, *_pin_constraints(config)])
-
-    return resolve
-
-
-def _source_args(config: Config) -> list[str]:
-    """The config's sources as uv options, without find-links: they carry no upload time,
-    so --exclude-newer cannot judge them (a find-links wheel would win whatever its age).
-    They are evidence (kept wheels), not a source here."""
-    return uv_args(dataclasses.replace(Sources.from_config(config), find_links=()))
-
-
-def _pin_constraints(config: Config) -> list[str]:
-    """The config's version pins as constraint lines (``einops==0.7.0``)."""
-    pins = getattr(config, "pins", None) or {}
-    return [f"{name}{pin.specifier}" for name, pin in sorted(pins.items()) if pin.specifier]
-
-
-def compiled_pins(text: str) -> dict[str, str]:
-    """``uv pip compile`` output → normalised name → pinned version."""
-    from packaging.utils import canonicalize_name
-
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, _, version = line.partition("==")
-            out[canonicalize_name(name.split("[", 1)[0].strip())] = version.split(";")[0].strip()
-    return out
 
 
 # ---- collecting -------------------------------------------------------------------------

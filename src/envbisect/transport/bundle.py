@@ -43,6 +43,8 @@ def _envbisect_register(name, source):
 """
 
 _RUN = """\
+for _name in _CHANNEL_ORDER:
+    _envbisect_register(_name, _SOURCES[_name])
 _ch = _envbisect_register("envbisect.agent.channel", _SOURCES["envbisect.agent.channel"])
 _ch.open_channel(_NONCE, _DEADLINE)
 try:
@@ -106,13 +108,17 @@ def build_bundle(
         for sub in [*_requires(name), name]:
             if sub not in order:
                 order.append(sub)
+    # The channel opens before anything else runs: what it imports is registered first.
+    channel_order = _requires("envbisect.agent.channel")
+    order = [name for name in order if name not in channel_order]
     sources = {"envbisect.agent.channel": _module_source("envbisect.agent.channel")}
-    for name in order:
+    for name in [*channel_order, *order]:
         sources[name] = _module_source(name)
     text = "\n".join(
         [
             _LOADER,
             f"_SOURCES = {sources!r}",
+            f"_CHANNEL_ORDER = {channel_order!r}",
             f"_ORDER = {order!r}",
             f"_PARAMS = _json.loads({json.dumps(params, sort_keys=True)!r})",
             f"_NONCE = {nonce!r}",

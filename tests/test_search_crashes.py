@@ -1,0 +1,57 @@
+"""The crash regime: the bad endpoint's crash rate, and clean states run until it would show."""
+
+from __future__ import annotations
+
+from helpers_search import wire
+
+from envbisect.search.crashrate import CrashRate
+from envbisect.search.state import OnFailure, Outcome, State
+
+
+class EveryOther:
+    """The full set crashes on every other run; everything else runs clean."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def __call__(self, state: State, n: int) -> Outcome:
+        if state.applied == {"a", "b"}:
+            self.runs += 1
+            if self.runs % 2:
+                return Outcome(failure="crash: segfault")
+        return Outcome(samples=(1000.0,) * n)
+
+
+def test_the_bad_endpoints_rate_is_estimated_then_the_good_one_cleared() -> None:
+    w = wire(["a", "b"], EveryOther())
+    good = w.scheduler.start(State.of(()), "endpoint: good", 3)
+    bad = w.scheduler.start(State.of(("a", "b")), "endpoint: bad", 3)
+    assert w.crashes.crashed(bad)
+    w.crashes.regime(good, bad)
+    assert w.crashes.rate is not None and w.crashes.rate.estimated()
+    assert w.crashes.rate == CrashRate(bad.crashes, bad.runs)
+    assert w.crashes.clear_runs > 1
+    assert good.runs == w.crashes.clear_runs and good.crashes == 0
+    text = w.messages()
+    assert any("one more run to estimate its crash rate" in m for m in text)
+    assert any(m.startswith("the bad state crashed") for m in text)
+    assert any("clean run 1 of" in m for m in text)
+    assert w.crashes.shown(good) == CrashRate(0, good.runs)
+
+
+def test_crashes_are_not_the_regression_when_failures_are_skipped() -> None:
+    w = wire(["a", "b"], EveryOther(), on_failure=OnFailure.SKIP)
+    bad = w.scheduler.start(State.of(("a", "b")), "endpoint: bad", 3)
+    assert not w.crashes.crashed(bad)
+    assert w.crashes.shown(w.scheduler.start(State.of(()), "g", 3)) is None
+
+
+def test_a_bad_endpoint_that_is_not_slow_is_run_looking_for_a_crash() -> None:
+    def later(state: State, n: int) -> Outcome:
+        return Outcome(samples=(1000.0,) * n)
+
+    w = wire(["a"], later, crash_runs=4)
+    bad = w.scheduler.start(State.of(("a",)), "endpoint: bad", 3)
+    w.crashes.look(bad)
+    assert bad.runs == 4 and bad.crashes == 0
+    assert w.messages()[-1] == "trial 1: not slow; run 4 of 4 looking for an intermittent crash"
