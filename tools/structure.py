@@ -1,7 +1,8 @@
 """Checks of the source layout that import-linter does not make (``make lint``, tests).
 
 - no module imports another module's ``_private`` name (``from x import _y``, ``x._y``), and
-  no code reads or sets another object's private field (``other._y``; ``self._y`` is its own).
+  no code reads or sets another object's private field (``other._y``, ``replace(other, _y=...)``;
+  ``self._y`` is its own).
   Namedtuple methods (``_replace``) and a third-party module's privates (``torch._dynamo``, which
   the agent must reach) are not envbisect's; a line that has to reach one says so with
   ``# private: <why>``;
@@ -86,7 +87,27 @@ def private_imports(path: Path) -> list[str]:
             found.append(f"{path}:{node.lineno}: uses {aliases[base.id]}.{node.attr}")
         else:
             found.append(f"{path}:{node.lineno}: reaches into {ast.unparse(node)}")
-    return found
+    return found + private_keywords(tree, path)
+
+
+def private_keywords(tree: ast.Module, path: Path) -> list[str]:
+    """Calls that set a private field by keyword (``replace(other, _x=...)``, ``Cls(_x=...)``)
+    of a class this module does not define."""
+    own = {
+        item.target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+    }
+    return [
+        f"{path}:{node.lineno}: sets {keyword.arg}= of another module's class"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and not (isinstance(node.func, ast.Name) and node.func.id == "dict")
+        for keyword in node.keywords
+        if keyword.arg and _private(keyword.arg) and keyword.arg not in own
+    ]
 
 
 def long_modules(path: Path) -> list[str]:

@@ -26,7 +26,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -391,8 +391,3 @@ class ResetReport:
     worktrees: tuple[Path, ...]
     removed: tuple[Path, ...]
     kept: tuple[KeptEdit, ...] = ()
-
-
-def iter_trial_runs(trial_dir: Path) -> Iterator[Path]:
-    """The stdout logs of a trial directory, in run order."""
-    yield from sorted(trial_dir.glob("*.stdout"))

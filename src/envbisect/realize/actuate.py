@@ -53,10 +53,9 @@ reported, never bisected.
 
 How: each section's realizer (``sections.<name>``, looked up by section name) turns the
 state's values into one plan (worktrees, file swaps, cache dirs, the overlay venv, the
-environment, argv path rewrites), the same for every target; an executor
-(``bisect.execute``) carries it out with the operation code of
-``envbisect.agent.actuate_remote``: in this process for a local target, shipped with
-``Transport.run_agent`` (one operation per call, nothing installed there) for a remote one.
+environment, argv path rewrites), the same for every target; an executor (``execute``)
+carries it out with the agent's operation code: in this process for a local target, shipped
+with ``Transport.run_agent`` (one operation per call) for a remote one.
 
 Remote targets (``--via``/``--target``): the same plans, carried out under a remote session
 directory; ``envbisect.realize.remote`` says what lives there and how ``reset`` finds it.
@@ -70,7 +69,7 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,15 +151,11 @@ class Actuator:
     uv: str | None = None
     _target: TargetEnv | None = None
     _commits: dict[str, list[str]] = field(default_factory=dict)
-    # Unused since worktrees are found by path; parallel.worker_actuators still resets it.
-    _blocked: frozenset[str] | None = None
+    _blocked: frozenset[str] | None = None  # the units no realizer can realize here
     _facts: Facts | None = None  # the target's answers to the realizers' questions
-    # How the remote state starts (``parallel.worker_actuators`` starts each copy afresh).
-    _remote_dirty: InitVar[bool] = False
-    _remote_venvs: InitVar[set[str] | None] = None
-    _remote: RemoteState = field(init=False, repr=False)  # what the remote executors keep
-    # Workers of one host realize states from several threads: one build at a time (venvs
-    # and worktrees are shared between states); the trials themselves run side by side.
+    # What the remote executors keep between operations (every copy starts afresh).
+    _remote: RemoteState = field(default_factory=RemoteState, init=False, repr=False)
+    # Workers of one host build states one at a time (venvs and worktrees are shared).
     _build_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # Several actuators of one session (workers with targets of their own) log their agent
     # calls side by side: each under its own name.
@@ -173,9 +168,19 @@ class Actuator:
     # The states the run registers beyond the units' endpoints (shared with the copies).
     _states: Variants = field(default_factory=Variants, repr=False)
 
-    def __post_init__(self, _remote_dirty: bool, _remote_venvs: set[str] | None) -> None:
-        venvs = _remote_venvs if _remote_venvs is not None else set()
-        self._remote = RemoteState(dirty=_remote_dirty, venvs=venvs)
+    def for_worker(self, transport: Transport, python: str | None, name: str) -> Actuator:
+        """A copy for worker ``name``'s own target: same states, nothing learnt of the target."""
+        return replace(
+            self,
+            transport=transport,
+            python=python or self.python,
+            _target=None,
+            _commits={},
+            _blocked=None,
+            _facts=None,
+            _build_lock=threading.Lock(),
+            log_tag=name,
+        )
 
     @property
     def remote(self) -> bool:

@@ -7,7 +7,6 @@ lines go to the injected callback. See ``envbisect.run.workers`` for the policy.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -79,19 +78,7 @@ def worker_actuators(
     for w in workers:
         if w.transport is None:
             continue
-        act = dataclasses.replace(
-            base,
-            transport=w.transport,
-            python=w.python or base.python,
-            _target=None,
-            _commits={},
-            _blocked=None,
-            _facts=None,
-            _remote_dirty=False,
-            _remote_venvs=set(),
-            _build_lock=threading.Lock(),
-            log_tag=w.name,
-        )
+        act = base.for_worker(w.transport, w.python, w.name)
         blocked = act.blockers()
         for unit in units:
             if unit in blocked:
