@@ -12,7 +12,7 @@ import yaml
 
 from envbisect.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "fixtures" / "diff"
 SEED_GOOD, SEED_BAD = str(FIX / "seed" / "good.yaml"), str(FIX / "seed" / "bad.yaml")
 PY = sys.executable

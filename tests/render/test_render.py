@@ -1,6 +1,6 @@
 """render.py: golden outputs for every format on the fixture pairs.
 
-Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/test_render.py``
+Regenerate after an intended change with ``UPDATE_GOLDEN=1 pytest tests/render/test_render.py``
 and review the diff of tests/golden/ before committing.
 """
 
@@ -19,8 +19,8 @@ from envbisect.model import manifest
 from envbisect.render.diff import FORMATS, render
 from envbisect.run.shown import show_value
 
-ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SUFFIX = {"table": "txt", "markdown": "md", "json": "json", "yaml": "yaml"}
 
 

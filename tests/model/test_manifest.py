@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from envbisect.model.errors import ManifestError
 from envbisect.model.manifest import MAX_BYTES_ENV, SCHEMA, Manifest, load, save
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "manifests"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "manifests"
 
 
 @pytest.mark.parametrize(

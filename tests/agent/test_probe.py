@@ -21,7 +21,7 @@ from envbisect.model.facts import describe, explain
 from envbisect.run.probed import bootstrap, probe_command, wrap
 from envbisect.transport import Transport, parse_layer
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "probe"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 PY = sys.executable
 
 pytestmark = pytest.mark.slow

@@ -33,7 +33,7 @@ from tests.helpers_run import Scenario, pkg
 
 pytestmark = pytest.mark.slow
 
-FAKES = Path(__file__).parent / "fakes" / "bin"
+FAKES = Path(__file__).parents[1] / "fakes" / "bin"
 
 # Says where it ran (GPU, cores, threads) and reports a steady rate set by the state, so
 # that what is asserted is the plumbing, not this shared machine's speed (speed is

@@ -15,7 +15,7 @@ import pytest
 from envbisect.run import contention
 from envbisect.run.contention import Busy, Contention
 
-FAKES = Path(__file__).parent / "fakes" / "bin"
+FAKES = Path(__file__).parents[1] / "fakes" / "bin"
 pytestmark = pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc")
 
 
