@@ -225,8 +225,7 @@ class Plan(Placement):
 class Realizer(Protocol):
     """The three methods every section's realizer has (see the module docstring)."""
 
-    section: str
-    order: int  # where its part goes in a plan (files land in the worktrees git planned)
+    section: str  # its place in a plan: sections.PLAN_ORDER
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None: ...
 

@@ -19,10 +19,9 @@ from envbisect.model.plan import Context, Plan, Realizer, Sandbox
 
 
 def realizers() -> dict[str, Realizer]:
-    """Section name → its realizer, in plan order: packages, git (worktrees), files (into
-    them), env (overrides what packages set), caches, data."""
+    """Section name → its realizer, in plan order (``sections.PLAN_ORDER``)."""
     found = [s.realizer for s in sections.known() if s.realizer is not None]
-    return {r.section: r for r in sorted(found, key=lambda r: r.order)}
+    return {r.section: r for r in sorted(found, key=lambda r: sections.plan_position(r.section))}
 
 
 def make_plan(

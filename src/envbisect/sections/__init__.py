@@ -183,10 +183,32 @@ class _Generic(Section):
 _REGISTRY: dict[str, Section] = {}
 
 
+# The one order table. UNIT_ORDER: how units sort, most regression-relevant first (the diff,
+# the report and the search walk them so); a section not listed sorts after these (its class's
+# own ``rank``), and LAST after everything. PLAN_ORDER: the order a state's plan is built in —
+# the venv first, git's worktrees before the files written into them, env after packages (it
+# overrides what the venv set), then caches and data.
+UNIT_ORDER = (
+    "torch", "packages", "files", "git", "env", "data", "caches", "probes",
+    "python", "system", "gpu",
+)  # fmt: skip
+LAST = ("meta",)
+PLAN_ORDER = ("packages", "git", "files", "env", "caches", "data")
+
+
 def register(cls: type[Section]) -> type[Section]:
-    """Class decorator: make ``cls`` the section named ``cls.name``."""
+    """Class decorator: make ``cls`` the section named ``cls.name``, ranked by the table."""
+    if cls.name in UNIT_ORDER:
+        cls.rank = UNIT_ORDER.index(cls.name)
+    elif cls.name in LAST:
+        cls.rank = 200 + LAST.index(cls.name)
     _REGISTRY[cls.name] = cls()
     return cls
+
+
+def plan_position(section: str) -> int:
+    """Where ``section``'s realizer puts its part in a plan (PLAN_ORDER; unknown ones last)."""
+    return PLAN_ORDER.index(section) if section in PLAN_ORDER else len(PLAN_ORDER)
 
 
 def get(name: str) -> Section:

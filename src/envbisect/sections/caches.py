@@ -113,7 +113,6 @@ class CachesRealizer:
     trial filled disks)."""
 
     section = "caches"
-    order = 4
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
         for value in (old, new):
@@ -152,7 +151,6 @@ class CachesRealizer:
 class Caches(KeyedSection):
     name = "caches"
     word = "cache"
-    rank = 6
     bisectable = True
     realizer = CachesRealizer()
 

@@ -48,7 +48,6 @@ class DataRealizer:
     and ``ENVBISECT_DATA_<n>`` naming the path to use."""
 
     section = "data"
-    order = 5
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
         query.exists.update(str(v) for v in ctx.data_map.values())
@@ -79,7 +78,6 @@ class DataRealizer:
 @register
 class Data(KeyedSection):
     name = "data"
-    rank = 5
     bisectable = True
     realizer = DataRealizer()
     reason = (

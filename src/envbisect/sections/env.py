@@ -45,7 +45,6 @@ class EnvRealizer:
     passed through from the environment envbisect runs in."""
 
     section = "env"
-    order = 3
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
         return None
@@ -75,7 +74,6 @@ class EnvRealizer:
 @register
 class Env(Section):
     name = "env"
-    rank = 4
     bisectable = True
     realizer = EnvRealizer()
 

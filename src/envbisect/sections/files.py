@@ -30,7 +30,6 @@ class FilesRealizer:
     repo that has one, else swapped in place after journaling the original."""
 
     section = "files"
-    order = 2
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
         query.sha256.add(key)
@@ -69,7 +68,6 @@ class FilesRealizer:
 class Files(KeyedSection):
     name = "files"
     word = "file"
-    rank = 2
     bisectable = True
     realizer = FilesRealizer()
 

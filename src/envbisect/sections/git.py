@@ -82,7 +82,6 @@ class GitRealizer:
     inside the repo, and argv paths into the repo name the worktree's copy."""
 
     section = "git"
-    order = 1
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
         heads = [GitEntry.of(v).head for v in (old, new)]
@@ -141,7 +140,6 @@ def worktree_name(repo: str, head: str) -> str:
 class Git(KeyedSection):
     name = "git"
     word = "git repo"
-    rank = 3
     bisectable = True
     realizer = GitRealizer()
 

@@ -58,7 +58,6 @@ class _MachineFacts(Section):
 @register
 class System(_MachineFacts):
     name = "system"
-    rank = 9
     reasons = _SYSTEM_REASONS
     default_reason = "a fact of the machine; envbisect can only report it"
 
@@ -66,7 +65,6 @@ class System(_MachineFacts):
 @register
 class Python(_MachineFacts):
     name = "python"
-    rank = 8
     reasons = _PYTHON_REASONS
     default_reason = (
         "the interpreter itself differs; what differs inside it is listed under packages"
@@ -91,7 +89,6 @@ def _devices_desc(devices: Any) -> Any:
 @register
 class Gpu(_MachineFacts):
     name = "gpu"
-    rank = 10
     reasons = _GPU_REASONS
     default_reason = "a fact of the GPU; envbisect can only report it"
 
@@ -112,7 +109,6 @@ class Meta(Section):
     """The snapshot's own facts (label, created, host, elapsed): volatile, listed last."""
 
     name = "meta"
-    rank = 200
     reason = VOLATILE_REASON
 
     def is_volatile(self, key: str) -> bool:

@@ -78,7 +78,6 @@ class PackagesRealizer:
     interpreter's environment (PATH, VIRTUAL_ENV) for every state."""
 
     section = "packages"
-    order = 0
 
     def facts(self, ctx: Context, key: str, old: Any, new: Any, query: FactQuery) -> None:
         return None  # the probe (installed dists, uv) says everything
@@ -181,7 +180,6 @@ def _excluded(target: TargetEnv, hides: set[str]) -> dict[str, tuple[str, ...]]:
 class Packages(KeyedSection):
     name = "packages"
     word = "package"
-    rank = 1
     bisectable = True
     fails_whole = True
     realizer = PackagesRealizer()

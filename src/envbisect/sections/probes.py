@@ -44,7 +44,6 @@ def _note(old: ProbeEntry, new: ProbeEntry) -> str | None:
 class Probes(KeyedSection):
     name = "probes"
     word = "probe"
-    rank = 7
     derived = True
     reason = (
         "a probe shows the effect of code changed elsewhere (a file, a package, a repo); "

@@ -175,7 +175,6 @@ def _stack_rank(change: Change) -> tuple[int, str]:
 class TorchStack(Section):
     name = "torch"
     unit_section = "torch-stack"
-    rank = 0
     bisectable = True
     fails_whole = True
     derived = True  # torch's build facts follow from the torch wheel (packages realizes it)
