@@ -37,8 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envbisect.search import SearchOutcome, State, search
-from envbisect.search.engine import Outcome
+from envbisect.search import Outcome, SearchOutcome, State, search
 
 SPEED = 5000.0
 CV = 0.03

@@ -19,7 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from envbisect.search.engine import Outcome, State
+from envbisect.search import Outcome, State
 
 SCENARIOS = ("single", "interaction", "independent", "unbuildable")
 

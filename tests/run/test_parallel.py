@@ -28,7 +28,7 @@ from envbisect.run.options import RunOptions
 from envbisect.run.parallel import calibrate_workers
 from envbisect.run.trial import TrialRunner
 from envbisect.run.workers import Worker, WorkerPool
-from envbisect.search.engine import Outcome, State
+from envbisect.search import Outcome, State
 from tests.helpers_run import Scenario, pkg
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from envbisect.run.workers import (
     slot_workers,
     visible_gpus,
 )
-from envbisect.search.engine import Outcome, State
+from envbisect.search import Outcome, State
 
 
 def test_workers_count_parses_numbers_and_auto() -> None:

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.search import SearchOutcome, State, search
+from envbisect.search import Event, Outcome, SearchOutcome, State, search
 from envbisect.search.crashrate import (
     CrashRate,
     clear_confidence,
     runs_to_clear,
 )
-from envbisect.search.engine import Event, Outcome
 
 UNITS = [f"u{i}" for i in range(8)]
 

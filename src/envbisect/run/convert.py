@@ -26,7 +26,7 @@ from envbisect.run.result import (
     outlier,
     trial_number,
 )
-from envbisect.search.engine import SearchResult, State, Trial
+from envbisect.search import SearchResult, State, Trial
 from envbisect.search.verdict import Noise, median
 
 if TYPE_CHECKING:

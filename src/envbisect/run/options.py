@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from envbisect.model.errors import UsageError
 from envbisect.model.metric import Threshold
 from envbisect.run.launch import SmokeCommand
-from envbisect.search.engine import SearchSettings
+from envbisect.search import SearchSettings
 from envbisect.transport import Transport
 
 if TYPE_CHECKING:

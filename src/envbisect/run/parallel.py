@@ -29,7 +29,7 @@ from envbisect.run.workers import (
     fact_mismatch,
     visible_gpus,
 )
-from envbisect.search.engine import State
+from envbisect.search import State
 from envbisect.transport import Transport, kill_running
 
 if TYPE_CHECKING:

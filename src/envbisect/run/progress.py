@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from envbisect.model.events import VerdictEvent
 from envbisect.model.session import Session
 from envbisect.run.result import outlier, trial_number
-from envbisect.search.engine import Event, EventKind, Trial
+from envbisect.search import Event, EventKind, Trial
 from envbisect.search.verdict import Noise
 
 Progress = Callable[[str], None]

@@ -18,7 +18,7 @@ from envbisect.model.history import HunkCulprit
 from envbisect.model.session import state_key
 from envbisect.run.launch import SmokeCommand
 from envbisect.run.shown import show_value
-from envbisect.search.engine import Trial
+from envbisect.search import Trial
 from envbisect.search.verdict import Noise, median
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress, ProgressLines, both_handlers, quiet
 from envbisect.run.result import RunOutcome, RunResult, TrialRow
 from envbisect.run.trial import TrialRunner
-from envbisect.search.engine import Event, SearchResult, State, search
+from envbisect.search import Event, SearchResult, State, search
 
 if TYPE_CHECKING:
     from envbisect.diff import DiffResult

@@ -30,7 +30,7 @@ from envbisect.run.launch import CRASH_KINDS, RunLog, RunSpec, far_transport, ru
 from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
 from envbisect.run.triallog import TrialCall, write_trial_log
-from envbisect.search.engine import Outcome, State
+from envbisect.search import Outcome, State
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Transport
 

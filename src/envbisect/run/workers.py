@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbisect.model.errors import UsageError, WorkerError
 from envbisect.model.events import CalibrationEvent
-from envbisect.search.engine import Event, EventKind, Outcome, State
+from envbisect.search import Event, EventKind, Outcome, State
 from envbisect.search.verdict import Noise, median
 from envbisect.transport import Transport
 

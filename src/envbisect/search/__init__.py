@@ -6,23 +6,26 @@ Imported as ``envbisect.search``; it does not shadow the stdlib ``bisect`` (src 
 
 from __future__ import annotations
 
-from envbisect.search.engine import (
-    BatchTestFn,
+from envbisect.search.engine import search
+from envbisect.search.result import (
     Event,
     EventKind,
     Evidence,
     Isolation,
     Narrowed,
-    Outcome,
     SearchOutcome,
     SearchResult,
+    Trial,
+)
+from envbisect.search.state import (
+    BatchTestFn,
+    OnFailure,
+    Outcome,
+    Purpose,
     SearchSettings,
     State,
     TestFn,
-    Trial,
-    search,
 )
-from envbisect.search.state import OnFailure, Purpose
 from envbisect.search.verdict import Judge, Noise, Verdict
 from envbisect.search.wording import Reason, Say
 

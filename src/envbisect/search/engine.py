@@ -89,10 +89,8 @@ from envbisect.search.result import (
     EventKind,
     Evidence,
     Isolation,
-    Narrowed,
     SearchOutcome,
     SearchResult,
-    Trial,
 )
 from envbisect.search.samples import SampleCache
 from envbisect.search.scheduler import ParallelScheduler, Scheduler
@@ -109,23 +107,7 @@ from envbisect.search.threshold import Threshold
 from envbisect.search.verdict import Verdict
 from envbisect.search.wording import Reason, Say, say
 
-__all__ = [
-    "BatchTestFn",
-    "Event",
-    "EventKind",
-    "Evidence",
-    "Isolation",
-    "Narrowed",
-    "Outcome",
-    "SearchOutcome",
-    "SearchResult",
-    "SearchSettings",
-    "State",
-    "TestFn",
-    "Trial",
-    "Verdict",
-    "search",
-]
+__all__ = ["search"]
 
 
 class _Engine:
