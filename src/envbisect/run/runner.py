@@ -34,7 +34,8 @@ from envbisect.search import Event, SearchResult, State, search
 if TYPE_CHECKING:
     from envbisect.diff import DiffResult
     from envbisect.run.workers import WorkerPool
-    from envbisect.search.pkgrun import PackageFinding, Releases, Resolve
+    from envbisect.search.pkgrun import PackageFinding
+    from envbisect.search.releases import Releases, Resolve
 
 
 def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
@@ -300,7 +301,7 @@ def _releases(actuator: Actuator) -> Releases:
 def _resolver(actuator: Actuator) -> Resolve | None:
     """What a release of torch pins, resolved by uv against the run's package sources for
     the target's python (None: no uv here)."""
-    from envbisect.search.pkgrun import uv_resolver
+    from envbisect.search.releases import uv_resolver
 
     try:
         uv = actuator.uv_path()

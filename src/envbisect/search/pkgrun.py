@@ -46,7 +46,6 @@ from envbisect.search.releases import (
     Resolve,
     package_entry,
     releases_between,
-    uv_resolver,
     version_of,
 )
 from envbisect.search.result import SearchOutcome, SearchResult
@@ -54,21 +53,6 @@ from envbisect.search.state import Outcome, State
 from envbisect.search.verdict import Judge, Noise, Verdict
 from envbisect.sections.packages import PackageEntry
 from envbisect.sections.torch_stack import CUDA, TORCH, Component, components, outside_pins
-
-__all__ = [
-    "RELEASES",
-    "SPLIT",
-    "Companions",
-    "PackageFinding",
-    "ReleaseSearch",
-    "Releases",
-    "Resolve",
-    "StackSplit",
-    "find_within",
-    "search_releases",
-    "split_stack",
-    "uv_resolver",
-]
 
 SPLIT = "narrow: torch stack"
 RELEASES = "narrow: releases of "
