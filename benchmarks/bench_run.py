@@ -21,6 +21,7 @@ Prints a markdown table; nothing is asserted beyond the correctness check.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -73,6 +74,13 @@ def main() -> int:
     ap.add_argument("--hide", default="tabulate", help="a distribution the target has")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="envbisect-bench-run-"))
+    try:
+        return _measure(root, args)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _measure(root: Path, args: argparse.Namespace) -> int:
     wheels = root / "wheels"
     build_wheel(wheels, "ebwork", "1.0", "WORK = 1\n")
     builds, revisits, floors = [], [], []
