@@ -677,3 +677,25 @@ def test_a_machine_busy_all_along_is_not_measured_again() -> None:
     assert culprit_sets(res) == {frozenset({"u2"})}
     assert not any("measuring it again" in p for p in phases)
     assert "measured again" not in res.message
+
+
+def test_a_good_endpoint_under_load_while_the_bad_one_crashes_is_measured_again() -> None:
+    # The good state's first samples are taken under load and the full set crashes: the
+    # recheck of the good endpoint is judged against the threshold a crash sets (half the
+    # good speed), not left without one.
+    units = unit_names(4)
+    loaded = {"left": True}
+
+    def busy_then_crash(state: State, n: int) -> Outcome:
+        if "u02" in state.applied:
+            return Outcome(failure="crash: illegal memory access")
+        if not state.applied and loaded["left"]:
+            loaded["left"] = False
+            return Outcome(samples=(4_000.0,) * n, contended=(True, True) + (False,) * (n - 2))
+        return Outcome(samples=(12_000.0,) * n, contended=(False,) * n)
+
+    result = search(units, busy_then_crash, recheck_loaded=True)
+    assert result.outcome is SearchOutcome.FOUND, result.message
+    assert [c.units for c in result.culprits] == [("u02",)]
+    assert result.threshold == pytest.approx(6_000.0)
+    assert any("the good endpoint was measured again" in n for n in result.notes)

@@ -210,3 +210,33 @@ def test_full_set_failing_fast_endpoints_with_workers() -> None:
     assert result.outcome is SearchOutcome.FOUND
     assert result.culprits[0].units == (units[6],)
     assert result.culprits[0].alone.bad.verdict is Verdict.BAD
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_good_state_that_fails_at_once_leaves_the_speculated_states_unjudged(
+    workers: int,
+) -> None:
+    # With workers free, states are measured beside the endpoints; when the good state fails
+    # before its first sample there is no threshold to judge them by: no verdict, no crash.
+    units = unit_names(6)
+
+    def broken(state: State, n: int) -> Outcome:
+        if not state.applied:
+            return Outcome(failure="oom: killed by signal 9")
+        return Outcome(samples=(12_000.0,) * n)
+
+    trials: list[tuple[int, Verdict | None]] = []
+    result = search(
+        units,
+        broken,
+        workers=workers,
+        progress=lambda e: (
+            trials.append((len(e.trial.state.applied), e.trial.verdict))
+            if e.trial is not None and e.trial.verdict is not None
+            else None
+        ),
+    )
+    assert result.outcome is SearchOutcome.NOT_REPRODUCED
+    assert result.message.startswith("the good state fails here too (oom: killed by signal 9)")
+    speculated = [v for n, v in trials if 0 < n < len(units)]
+    assert speculated and set(speculated) == {Verdict.UNRESOLVED}

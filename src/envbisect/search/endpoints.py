@@ -51,7 +51,13 @@ class Endpoints:
         )
         if good.untestable or bad.untestable:
             return self._unfaithful(good, bad)
-        self.load.endpoints(good, bad)
+        if not good.failure:
+            # A recheck is judged like any measurement: with a failed full set there is no
+            # default threshold from both medians, so set the one a failure sets first. A
+            # failed good state ends the search below; nothing is worth measuring again.
+            if bad.failure or not bad.samples:
+                self.threshold.set_from_endpoints(good, bad)
+            self.load.endpoints(good, bad)
         self.crashes.regime(good, bad)
         if good.failure:
             return self._failed_good(good, bad)

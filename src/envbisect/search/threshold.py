@@ -35,13 +35,21 @@ class Threshold:
         self.value: float | None = caller
 
     def judge(self) -> Judge:
+        judge = self.judge_if_set()
+        assert judge is not None, "judged before the endpoints set a threshold"
+        return judge
+
+    def judge_if_set(self) -> Judge | None:
+        """The judge, or None while there is no threshold yet: no caller's, and endpoints
+        that give none (the good state failed before its first sample)."""
         noise = self.cache.noise()
         se = 0.0
         if self.caller is None:
             good, bad = self.cache[State.of(())], self.cache[State.of(self.everything)]
             if good.samples and bad.samples and not bad.failure:
                 self.value, se = default_threshold(*self.levels(good, bad, noise), noise)
-        assert self.value is not None
+        if self.value is None:
+            return None
         return Judge(self.value, noise, threshold_se=se)
 
     def levels(self, good: Record, bad: Record, noise: Noise) -> tuple[list[float], list[float]]:
@@ -70,7 +78,9 @@ class Threshold:
             return Verdict.UNRESOLVED
         if rec.failure:
             return self.failed()
-        return self.judge().verdict(rec.samples)
+        judge = self.judge_if_set()
+        # No threshold (the search ends at its endpoints): a speculative state is no verdict.
+        return Verdict.UNRESOLVED if judge is None else judge.verdict(rec.samples)
 
     def set_from_endpoints(self, good: Record, bad: Record) -> None:
         if self.fraction is not None and good.samples:
