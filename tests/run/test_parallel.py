@@ -371,3 +371,25 @@ def test_the_reference_workers_good_trial_is_replayed_through_a_pool_round(
     assert out.worker == "w0" and out.samples == (20.0, 22.0)
     assert pool.sticky[good] == "w0"
     assert sum("replayed from the session log" in line for line in lines) == 2
+
+
+def test_a_good_state_killed_at_once_on_two_workers_is_said_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to pin two workers")
+    sc = _scenario(tmp_path)
+    probe = sc.tmp / "probe.py"
+    # The good state (no ebonly) is killed before it reports anything, as the kernel's OOM
+    # killer would; states with ebonly run.
+    probe.write_text(
+        "import importlib.util, os, signal\n"
+        "if importlib.util.find_spec('ebonly') is None:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n" + PROBE
+    )
+    res, doc = _run(sc, "--workers", "2", session="s", smoke=("python", str(probe)))
+    assert res.return_value == 1, res.output
+    assert doc["outcome"] == "not-reproduced"
+    assert "the good state fails here too (oom: killed by signal 9)" in res.output
+    beside = [t for t in doc["trials"] if t["applied"] and t["samples"]]
+    assert beside and {t["verdict"] for t in beside} == {"unresolved"}, res.output
