@@ -33,11 +33,18 @@ _SUBREAPER: bool | None = None
 _ACTIVE: dict[int, str] = {}  # pid of a run's first process -> its tag, while it runs
 _IN_FLIGHT = 0  # runs between their start and their cleanup (counted before the fork)
 _ACTIVE_LOCK = threading.Lock()
+# Held by a cleanup while it looks for and ends orphans, and by a run while it is counted as
+# starting: no run starts between a cleanup's "no other run is in flight" and its kills. A
+# process just forked by another thread carries no tag yet (its environment is still this
+# process's until exec), so only this ordering keeps it from reading as an orphan.
+_STARTING = threading.Lock()
 
 
 def run_starting() -> None:
-    """Count a run as in flight, before its process is forked."""
-    _in_flight(+1)
+    """Count a run as in flight, before its process is forked (waits for a cleanup that is
+    ending orphans)."""
+    with _STARTING:
+        _in_flight(+1)
 
 
 def run_started(pid: int, tag: str) -> int | None:
@@ -76,12 +83,25 @@ def become_subreaper() -> bool:
     return _SUBREAPER
 
 
-def _has_tag(pid: int, tag: str) -> bool:
+def _tag_of(pid: int) -> str | None:
+    """The run tag in ``pid``'s environment; None when it has none (or it is gone)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False
-    return f"{RUN_TAG_ENV}={tag}".encode() in environ.split(b"\0")
+        return None
+    key = f"{RUN_TAG_ENV}=".encode()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(key):
+            return entry[len(key) :].decode("ascii", "replace")
+    return None
+
+
+def _pids() -> list[int]:
+    """Every process id under /proc."""
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
 
 
 def _cmdline(pid: int) -> str:
@@ -96,23 +116,17 @@ def _cmdline(pid: int) -> str:
 def _leftovers(pgid: int, tag: str, since: int | None) -> list[ProcStat]:
     """Processes of the run started as ``pgid`` (and tagged ``tag``) that still exist.
 
-    An untagged orphan (its environment cleared) counts only when it was re-parented to this
-    process, sits in another session, started after the run did (``since``) and no other run
-    is in flight that it could belong to.
+    A process tagged by another run is that run's. An untagged orphan (its environment
+    cleared) counts only when it was re-parented to this process, sits in another session,
+    started after the run did (``since``) and no other run is in flight that it could belong
+    to: the caller holds ``_STARTING``, so none starts while this looks.
     """
     me, my_sid, uid = os.getpid(), os.getsid(0), os.getuid()
     with _ACTIVE_LOCK:
         others = {pid for pid in _ACTIVE if pid != pgid}
         alone = _IN_FLIGHT <= 1
     found = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in _pids():
         if pid == me or pid in others:
             continue
         try:
@@ -123,15 +137,17 @@ def _leftovers(pgid: int, tag: str, since: int | None) -> list[ProcStat]:
         st = read_stat(pid)
         if st is None:
             continue
+        tagged = _tag_of(pid)
         orphan = (
             _SUBREAPER
             and alone
+            and tagged is None
             and st.ppid == me
             and st.session != my_sid
             and since is not None
             and st.starttime >= since
         )
-        if (st.pgrp == pgid or orphan or _has_tag(pid, tag)) and not _shared_helper(pid):
+        if (st.pgrp == pgid or orphan or tagged == tag) and not _shared_helper(pid):
             found.append(st)
     return found
 
@@ -152,13 +168,14 @@ def end_leftovers(pgid: int, tag: str, since: int | None) -> list[str]:
     killed: list[str] = []
     seen: set[int] = set()
     for _ in range(5):  # a child may fork while its parent is being ended: look again
-        procs = _leftovers(pgid, tag, since)
-        alive = [p for p in procs if p.state != "Z" and p.pid not in seen]
-        for p in alive:
-            killed.append(f"{p.pid} {_cmdline(p.pid)}")
-            seen.add(p.pid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p.pid, signal.SIGKILL)
+        with _STARTING:  # no run starts between looking and killing (see _STARTING)
+            procs = _leftovers(pgid, tag, since)
+            alive = [p for p in procs if p.state != "Z" and p.pid not in seen]
+            for p in alive:
+                killed.append(f"{p.pid} {_cmdline(p.pid)}")
+                seen.add(p.pid)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
         _reap(p.pid for p in procs if p.ppid == os.getpid())
