@@ -258,14 +258,10 @@ def test_resume_replays_every_trial_on_the_worker_that_measured_it(tmp_path: Pat
         pytest.skip("needs two cores to pin two workers")
     sc = _scenario(tmp_path)
     first, doc1 = _run(sc, "--workers", "2", session="s", smoke=_probe(sc))
-    # What the first run concluded is other tests' business (a process killed from outside
-    # on this shared machine ends it "not reproduced" once in a while): replaying it is this
-    # test's. It measured on both workers, and the resumed run ends the same way.
-    assert {t["worker"] for t in doc1["trials"]} == {"cpu0", "cpu1"}, first.output
+    assert first.return_value == 0, first.output
     trials = sorted((tmp_path / "s" / "trials").iterdir())
     again, doc2 = _run(sc, "--workers", "2", "--resume", session="s", smoke=_probe(sc))
-    assert again.return_value == first.return_value, again.output
-    assert doc2["outcome"] == doc1["outcome"]
+    assert again.return_value == 0, again.output
     assert "calibration read back from the session log" in again.output
     assert sorted((tmp_path / "s" / "trials").iterdir()) == trials  # nothing measured again
     assert [(t["applied"], t["worker"], t["round"]) for t in doc2["trials"]] == [
