@@ -94,20 +94,30 @@ def with_hunk(out: RunResult, hunk: HunkCulprit | None, rows: tuple[TrialRow, ..
     return replace(out, culprits=culprits, trials=out.trials + rows)
 
 
-def _unfaithful_good(
-    outcome: RunOutcome, message: str, result: SearchResult, blocked: Mapping[str, str]
+def unfaithful_good(
+    outcome: RunOutcome,
+    message: str,
+    result: SearchResult,
+    blocked: Mapping[str, str],
+    *,
+    callers_threshold: bool,
 ) -> tuple[RunOutcome, str]:
     """A good endpoint that is not clearly fast while changes that could not be realized
     stayed in their bad form is no evidence that "the cause is outside the recorded
     software" or that the regression "does not reproduce": the cause may be exactly one of
-    those changes. Say so instead of "not reproduced". (A bad endpoint that runs fast is a
-    real answer: it is the bad state as it is.)"""
+    those changes. Say so instead of "not reproduced". A bad endpoint above the caller's own
+    threshold is a real answer (it is the bad state as it is); judged against the default,
+    midway between the endpoints, a "fast" bad endpoint only says the two ran alike, which
+    is what a good state left partly bad does (on a noisy machine either may come out
+    ahead)."""
     if outcome is not RunOutcome.NOT_REPRODUCED or not blocked or not result.trials:
         return outcome, message
     ends = {t.state.applied: t for t in result.trials[:2]}
     good = ends.get(frozenset())
     bad = next((t for a, t in ends.items() if a), None)
-    if good is None or good.verdict.value == "good" or (bad and bad.verdict.value == "good"):
+    if good is None or good.verdict.value == "good":
+        return outcome, message
+    if callers_threshold and bad is not None and bad.verdict.value == "good":
         return outcome, message
     reasons = "; ".join(blocked[u] for u in sorted(blocked))
     return RunOutcome.UNFAITHFUL, (
@@ -161,8 +171,12 @@ def _threshold_hint(result: SearchResult, options: RunOptions) -> str:
 def run_result(result: SearchResult, context: RunContext, numbers: Mapping[str, int]) -> RunResult:
     """The run's result from the engine's: the outcome as users read it, the culprits with
     their evidence and details, the trial table numbered as the session numbers trials."""
-    outcome, message = _unfaithful_good(
-        RunOutcome(result.outcome.value), result.message or "", result, context.blocked
+    outcome, message = unfaithful_good(
+        RunOutcome(result.outcome.value),
+        result.message or "",
+        result,
+        context.blocked,
+        callers_threshold=context.options.goal.value is not None,
     )
     if outcome is RunOutcome.NOT_REPRODUCED:
         message += _threshold_hint(result, context.options)
