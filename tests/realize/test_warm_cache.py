@@ -125,3 +125,92 @@ def test_a_command_that_writes_no_cache_is_filled_once(tmp_path: Path) -> None:
     assert len([t for t in trials if (t / "fill.stdout").exists()]) == 1
     assert "later states skip that run" in res.stderr
     assert "warm is the empty dir (the command writes none)" in res.stderr
+
+
+def _snapshot(tmp_path: Path, label: str, *extra: str) -> tuple[Any, Path]:
+    out = tmp_path / f"{label}.yaml"
+    argv = [
+        "snapshot", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
+        "--label", label, "-o", str(out), *extra,
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    return res, out
+
+
+def _kept_world(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A real warm cache (made by a cold run of the workload), snapshotted with its content
+    kept; then the cache cleared and the bad state snapshotted."""
+    import os
+    import subprocess
+
+    script = tmp_path / "cached.py"
+    script.write_text(CACHED)
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    (tmp_path / "envbisect.yaml").write_text(
+        f"caches: {{inductor: {cache}}}\nmanifests_dir: {tmp_path / 'manifests'}\n"
+    )
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(cache),
+        "ENVBISECT_RESULT": str(tmp_path / "warmup.json"),
+    }
+    subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=120)
+    (tmp_path / "runs.log").unlink()
+    res, good = _snapshot(tmp_path, "good")
+    assert res.return_value == 0, res.output
+    assert "inductor 1 files (content kept, " in res.stderr
+    for f in cache.iterdir():  # the user clears the compile cache
+        f.unlink()
+    res, bad = _snapshot(tmp_path, "bad")
+    assert res.return_value == 0, res.output
+    return script, good, bad
+
+
+def test_a_cleared_cache_whose_content_the_snapshot_kept_is_rebuilt_without_a_run(
+    tmp_path: Path,
+) -> None:
+    script, good, bad = _kept_world(tmp_path)
+    res, doc = _run(tmp_path, script, good, bad)
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["caches:inductor"]
+    # No state was made warm by a run: the kept content was put back, and every run of a
+    # warm state found it (runs.log: one line per run of the workload).
+    trials = sorted((tmp_path / "session" / "trials").iterdir())
+    assert not [t for t in trials if (t / "fill.stdout").exists()]
+    log = (tmp_path / "session" / "log.jsonl").read_text()
+    assert "caches inductor: made from the content the snapshot kept (1 files)" in log
+    runs = (tmp_path / "runs.log").read_text().split()
+    warm_runs = sum(
+        len(list(t.glob("run-*.result.json")))
+        for t in trials
+        if "caches:inductor" not in json.loads((t / "trial.json").read_text())["applied"]
+    )
+    assert warm_runs and runs.count("warm") == warm_runs
+    assert list((tmp_path / "inductor").iterdir()) == []  # the user's cache stays cleared
+
+
+def test_a_cache_over_the_cap_is_not_kept_and_the_snapshot_says_how_to_raise_it(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "inductor"
+    cache.mkdir()
+    (cache / "kernel.bin").write_bytes(b"x" * 3000)
+    (tmp_path / "envbisect.yaml").write_text(
+        f"caches: {{inductor: {cache}}}\nmanifests_dir: {tmp_path / 'manifests'}\n"
+    )
+    res, out = _snapshot(tmp_path, "good", "--keep-caches", "2KiB")
+    assert res.return_value == 0, res.output
+    assert "over the 2.0 KiB cap for kept caches; not kept" in res.stderr
+    assert "--keep-caches 1MiB" in res.stderr
+    import yaml
+
+    recorded = yaml.safe_load(out.read_text())
+    assert recorded["caches"]["inductor"]["files"] == 1
+    assert "kept" not in recorded["caches"]["inductor"]
+    assert not (tmp_path / "manifests" / "blobs").exists()
+    res = CliRunner().invoke(
+        cli, ["snapshot", "--config", str(tmp_path / "envbisect.yaml"), "--keep-caches", "lots"]
+    )
+    assert res.exit_code == 2
+    assert "--keep-caches: 'lots' is not a size (512MiB, 2GiB) or 'off'" in res.output

@@ -5,6 +5,7 @@ untracked files and cache copies."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import shutil
 import stat
@@ -12,11 +13,13 @@ import sys
 
 from envbisect.agent import journal
 from envbisect.agent.actuate_common import output_tail, run_git, usable_dir
+from envbisect.agent.cache_keep import materialize, read_tree
 from envbisect.agent.durable import sha256_of
 
 # Shipped with this module by the bundle (see envbisect.transport.bundle).
 AGENT_REQUIRES = (
     "envbisect.agent.actuate_common",
+    "envbisect.agent.cache_keep",
     "envbisect.agent.durable",
     "envbisect.agent.journal",
 )
@@ -207,6 +210,46 @@ def _check_copyable(name, src, dest_parent, reserve=64 << 20):
         )
 
 
+def _kept_cache(item, where):
+    """A cache made from the content a snapshot kept: the tree and its files' blobs, sent
+    along (base64: a remote target) or read beside the tree blob (this machine); every blob
+    is checked against its sha256. Missing content leaves the dir as far as it got, said."""
+    name, contents = item["name"], item.get("contents") or {}
+    try:
+        if item.get("tree_body"):
+            body = base64.b64decode(item["tree_body"])
+        else:
+            with open(item["tree"], "rb") as fh:
+                body = fh.read()
+        tree = read_tree(body)
+    except (OSError, ValueError) as exc:
+        raise CacheRefused(f"caches {name}: the kept content cannot be read: {exc}") from None
+    here = os.path.dirname(item.get("tree") or "")
+
+    def fetch(sha):
+        if sha in contents:
+            data = base64.b64decode(contents[sha])
+        else:
+            try:
+                with open(os.path.join(here, sha), "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                return None
+        return data if hashlib.sha256(data).hexdigest() == sha else None
+
+    try:
+        missing = materialize(tree, item["dest"], fetch)
+    except OSError as exc:
+        shutil.rmtree(item["dest"], ignore_errors=True)  # no half copy fills the disk
+        raise CacheRefused(f"caches {name}: making the kept content failed: {exc}") from None
+    if missing:
+        return [
+            f"caches {name}: {missing} of {len(tree)} kept files are missing{where}; "
+            "the cache is partly warm"
+        ]
+    return [f"caches {name}: made from the content the snapshot kept ({len(tree)} files)"]
+
+
 def _caches(items, where):
     notes = []
     for item in items:
@@ -219,7 +262,9 @@ def _caches(items, where):
             continue
         if os.path.lexists(dest):
             shutil.rmtree(dest)
-        if src and usable_dir(src):
+        if item.get("tree") or item.get("tree_body"):
+            notes.extend(_kept_cache(item, where))
+        elif src and usable_dir(src):
             _check_copyable(item["name"], src, os.path.dirname(dest))
             try:
                 shutil.copytree(src, dest, symlinks=True)

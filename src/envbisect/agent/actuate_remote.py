@@ -56,6 +56,7 @@ AGENT_REQUIRES = (
     "envbisect.agent.actuate_common",
     "envbisect.agent.actuate_realize",
     "envbisect.agent.actuate_venv",
+    "envbisect.agent.cache_keep",
     "envbisect.agent.durable",
     "envbisect.agent.journal",
 )

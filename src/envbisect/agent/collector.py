@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from envbisect.agent.cache_keep import keep, put_into_dir, put_into_map
 from envbisect.agent.collect_common import Collector, read_text, sorted_dict, walk
 from envbisect.agent.collect_sections import (
     collect_data,
@@ -38,6 +39,7 @@ from envbisect.agent.redact import redact_env
 
 # Shipped with this module by the bundle (see envbisect.transport.bundle).
 AGENT_REQUIRES = (
+    "envbisect.agent.cache_keep",
     "envbisect.agent.collect_common",
     "envbisect.agent.collect_sections",
     "envbisect.agent.redact",
@@ -136,15 +138,27 @@ def cache_facts(path, max_subdirs=256):
     }
 
 
-def collect_caches(c):
+def collect_caches(c, blobs):
+    """Each compile cache's facts; with ``keep_caches`` (a byte cap) also its content, kept
+    as blobs (``agent.cache_keep``): written straight into ``cache_blob_dir`` when the host
+    shares this machine's disk, else sent back in ``blobs``."""
     caches = default_caches()
     for name, path in sorted((c.params.get("caches") or {}).items()):
         caches[name] = (path, "config")
+    cap = c.params.get("keep_caches")
+    blob_dir = c.params.get("cache_blob_dir")
+    put = put_into_dir(blob_dir) if blob_dir else put_into_map(blobs)
     out = {}
     for name, (path, source) in sorted(caches.items()):
         facts = {"path": os.path.abspath(os.path.expanduser(path)), "source": source}
         try:
             facts.update(cache_facts(facts["path"]))
+            if cap and facts.get("files"):
+                kept = keep(facts["path"], cap, put)
+                if isinstance(kept, str):
+                    c.error("caches", f"{name}: {kept}")
+                else:
+                    facts["kept"] = kept
         except OSError as exc:
             c.error("caches", f"{name}: {exc}")
         out[name] = sorted_dict(facts)
@@ -348,7 +362,7 @@ def _collect_sections(c, only, blobs):
         ("torch", collect_torch, None),
         ("files", collect_files, (blobs,)),
         ("data", collect_data, ()),
-        ("caches", collect_caches, ()),
+        ("caches", collect_caches, (blobs,)),
         ("env", collect_env, ()),
     ):
         if _wanted(only, name):

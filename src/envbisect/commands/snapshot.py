@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -54,6 +55,16 @@ from envbisect.commands.common import (
     "time; or ISO 8601 with a zone) from what the machine still holds; every rebuilt fact "
     "carries its evidence and confidence.",
 )
+@click.option(
+    "--keep-caches",
+    "keep_caches",
+    default=None,
+    metavar="SIZE|off",
+    help="Keep each compile cache's content (inductor, triton) in the blob store, "
+    "content-addressed, when it holds at most SIZE (default: keep_caches: in envbisect.yaml, "
+    "else 512MiB): a run can then rebuild this state's warm cache exactly after the cache "
+    "was cleared. A larger cache is not kept, and the summary says so; 'off' keeps none.",
+)
 @target_options
 @config_option
 def command(
@@ -67,6 +78,7 @@ def command(
     timeout_s: float,
     log_dir: Path | None,
     as_of: str | None,
+    keep_caches: str | None,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -88,6 +100,8 @@ def command(
     config = load_config(config_path).with_overrides(
         repos=repos, files=files, data=data, probes=probes, env=env
     )
+    if keep_caches is not None:
+        config = replace(config, keep_caches=_cache_cap(keep_caches))
     transport, target_python = resolve_target(config, python, via, target_name)
     if print_command:
         click.echo(composed_command(transport, target_python))
@@ -114,3 +128,15 @@ def command(
     if path is not None:
         click.echo(str(path))
     return 0
+
+
+def _cache_cap(text: str) -> int | None:
+    """``--keep-caches``: a size in bytes, or None for 'off'."""
+    from envbisect.model.config import parse_size
+
+    if text.strip().lower() in ("off", "no", "false", "0"):
+        return None
+    size = parse_size(text)
+    if not size:
+        raise click.UsageError(f"--keep-caches: {text!r} is not a size (512MiB, 2GiB) or 'off'")
+    return size

@@ -23,6 +23,19 @@ CONFIG_NAME = "envbisect.yaml"
 
 # keep_blobs: true stores files up to this many bytes each.
 DEFAULT_BLOB_LIMIT = 1 << 20
+# keep_caches: a compile cache's content is kept by snapshot up to this many bytes.
+DEFAULT_CACHE_CAP = 512 << 20
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int | None:
+    """``512MiB``, ``2GiB``, ``1.5G``, ``300000`` → bytes (powers of 1024); None if not a
+    size."""
+    m = _SIZE.match(text)
+    if m is None:
+        return None
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ class Config:
     probes: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     keep_blobs: int | None = None  # max bytes per stored file; None: store nothing
+    keep_caches: int | None = DEFAULT_CACHE_CAP  # max bytes of a kept cache; None: keep none
     manifests_dir: Path = Path("manifests")
     targets: Mapping[str, Target] = field(default_factory=dict)
     good: Path | None = None
@@ -121,6 +135,7 @@ class Config:
             probes=tuple(v.str_list(data, "probes")),
             env=tuple(v.str_list(data, "env")),
             keep_blobs=v.keep_blobs(data),
+            keep_caches=v.keep_caches(data),
             manifests_dir=v.path(v.opt_str(data, "manifests_dir") or "manifests"),
             targets=v.targets(data),
             good=v.path(good) if (good := v.opt_str(data, "good")) else None,
@@ -180,6 +195,7 @@ _FIELDS = (
     "probes",
     "env",
     "keep_blobs",
+    "keep_caches",
     "manifests_dir",
     "targets",
     "good",
@@ -300,6 +316,17 @@ class _Validator:
         if isinstance(value, int) and value > 0:
             return value
         raise self.fail("keep_blobs", "true, false or a positive byte count", value)
+
+    def keep_caches(self, data: dict[str, Any]) -> int | None:
+        value = data.get("keep_caches", True)
+        if value is False:
+            return None
+        if value is True:
+            return DEFAULT_CACHE_CAP
+        size = value if isinstance(value, int) else parse_size(str(value))
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+        raise self.fail("keep_caches", "true, false or a size (512MiB, 2GiB)", value)
 
     def sources(self, data: dict[str, Any]) -> dict[str, Any]:
         """``indexes`` (URLs or {url, default}), ``index_strategy``, ``offline``, ``pins``."""

@@ -395,6 +395,7 @@ _ENTRY_LEAF_TYPES: dict[str, dict[str, tuple[type, ...]]] = {
         "bytes": _INT,
         "digest": _STR,
         "subdirs": (dict,),
+        "kept": (dict,),
     },
     "probes": {"status": _STR, "code_sha256": _STR},
 }

@@ -156,12 +156,20 @@ class Swap:
 class CacheDir:
     """A compile cache for the trial: a copy of ``src`` (warm) or a fresh empty dir; with
     ``fill``, a warm cache whose content is gone, made again by running the state once into
-    the empty dir before it is measured (the dir is then kept for the trial's later runs)."""
+    the empty dir before it is measured (the dir is then kept for the trial's later runs);
+    with ``tree``, the content the snapshot kept (the tree blob's path on this machine; its
+    files' blobs beside it), made again exactly."""
 
     name: str
     dest: str
     src: str | None
     fill: bool = False
+    tree: str | None = None
+
+    @property
+    def cold(self) -> bool:
+        """An empty dir for every run (nothing copied, kept or filled)."""
+        return self.src is None and not self.fill and self.tree is None
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,8 @@ class Plan(Placement):
             "worktrees": [list(w) for w in self.worktrees],
             "swaps": [{"path": s.path, "sha256": s.sha256, "key": s.key} for s in self.swaps],
             "caches": [
-                {"name": c.name, "dest": c.dest, "src": c.src, "fill": c.fill} for c in self.caches
+                {"name": c.name, "dest": c.dest, "src": c.src, "fill": c.fill, "tree": c.tree}
+                for c in self.caches
             ],
         }
 

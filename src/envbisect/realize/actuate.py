@@ -552,7 +552,7 @@ class Actuator:
             # A filled warm cache stays for the state's later calls (reset removes it).
             caches=tuple(c.dest for c in plan.caches if not c.fill),
             fill=tuple(c.name for c in plan.caches if c.fill),
-            cold=tuple(c.dest for c in plan.caches if c.src is None and not c.fill),
+            cold=tuple(c.dest for c in plan.caches if c.cold),
         )
 
     # -- the target ----------------------------------------------------------------------

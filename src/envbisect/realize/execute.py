@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from envbisect.agent import actuate_remote
+from envbisect.agent.cache_keep import read_tree
 from envbisect.model.failure import Failure
 from envbisect.transport import ProcessResult, Transport
 
@@ -174,6 +175,9 @@ class RemoteExecutor:
             # run left there and compares again; it fails only if the file is not as wanted.
             if swap.blob is not None:
                 item["content"] = base64.b64encode(swap.blob.read_bytes()).decode("ascii")
+        for item in ops["caches"]:
+            if item.get("tree"):
+                _send_kept(item)
         self.state.dirty = self.state.dirty or bool(plan.swaps)
         root = self.root()
         out = self.agent("realize", {"root": root, "pid": os.getpid(), **ops}, trial_dir, "realize")
@@ -191,6 +195,20 @@ class RemoteExecutor:
             return  # nothing was ever done there
         self.agent("cleanup", {"root": self.root()}, self.log_dir, "cleanup")
         self.state.dirty = False
+
+
+def _send_kept(item: dict[str, Any]) -> None:
+    """A kept cache's tree and the blobs it lists, sent along to a remote target (the paths
+    are this machine's); a blob missing here is left out (the target says how many)."""
+    tree = Path(item.pop("tree"))
+    body = tree.read_bytes()
+    item["tree_body"] = base64.b64encode(body).decode("ascii")
+    contents = {}
+    for _rel, sha, _mode in read_tree(body):
+        blob = tree.parent / sha
+        if sha not in contents and blob.is_file():
+            contents[sha] = base64.b64encode(blob.read_bytes()).decode("ascii")
+    item["contents"] = contents
 
 
 def _stderr(res: ProcessResult) -> str:

@@ -7,11 +7,16 @@ variable (its realizer, below).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from envbisect.agent.cache_keep import read_tree
 from envbisect.model.changes import EntryPair, Found, Unit, human_bytes
+from envbisect.model.files import FileEntry
+from envbisect.model.manifest import Manifest
 from envbisect.model.plan import CacheDir, Context, FactQuery, Plan, Sandbox, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
@@ -95,6 +100,29 @@ def _notes(old: CacheEntry, new: CacheEntry, shown: tuple[Any, Any]) -> tuple[li
     return notes, digest_only
 
 
+def kept_tree(ctx: Context, manifest: Manifest, value: Any) -> Path | None:
+    """The tree blob of a cache's kept content, when it and every file it lists are stored
+    on this machine (``agent.cache_keep``); else None."""
+    kept = value.get("kept") if isinstance(value, Mapping) else None
+    sha = kept.get("tree") if isinstance(kept, Mapping) else None
+    if not isinstance(sha, str) or not sha:
+        return None
+    path = ctx.blob(manifest, FileEntry(sha256=sha, blob=sha))
+    return path if path is not None and _complete(str(path)) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _complete(tree: str) -> bool:
+    """Every file a tree blob lists is stored beside it (checked once per tree)."""
+    try:
+        with open(tree, "rb") as fh:
+            listed = read_tree(fh.read())
+    except (OSError, ValueError):
+        return False
+    here = Path(tree).parent
+    return all((here / sha).is_file() for _rel, sha, _mode in listed)
+
+
 def is_warm(value: Any) -> bool:
     """True when ``value`` (a raw ``caches:`` entry) is a warm cache."""
     entry = CacheEntry.of(value)
@@ -139,10 +167,15 @@ class CachesRealizer:
             value = values[name][1]
             entry = CacheEntry.of(value)
             warm = (entry.path or "") if entry is not None and is_warm(value) else None
-            # The recorded warm dir no longer holds files: warm is made by a run of the state.
-            fill = warm is not None and not ctx.facts().dirs.get(warm)
             dest = f"{sandbox.trial}/caches/{name}"
-            dirs.append(CacheDir(name, dest, None if fill else warm, fill=fill))
+            tree = kept_tree(ctx, values[name][0], value) if warm is not None else None
+            if tree is not None:
+                # The snapshot kept its content: made again exactly, whatever the dir holds now.
+                dirs.append(CacheDir(name, dest, None, tree=str(tree)))
+            else:
+                # The recorded warm dir no longer holds files: warm is made by a run.
+                fill = warm is not None and not ctx.facts().dirs.get(warm)
+                dirs.append(CacheDir(name, dest, None if fill else warm, fill=fill))
             env[var] = dirs[-1].dest
         return replace(plan, caches=plan.caches + tuple(dirs)).with_env(env)
 

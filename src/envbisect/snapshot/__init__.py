@@ -21,6 +21,7 @@ from typing import Any
 
 from envbisect import __version__
 from envbisect.agent.redact import redact_text
+from envbisect.model.changes import human_bytes
 from envbisect.model.config import Config
 from envbisect.model.errors import CollectError, TransportError, UsageError
 from envbisect.model.manifest import Manifest, atomic_write_bytes, save
@@ -31,8 +32,11 @@ AGENT = "envbisect.agent.collector"
 DEFAULT_LABEL = "snapshot"
 
 
-def agent_params(config: Config, *, gpu_timeout_s: float = 10.0) -> dict[str, Any]:
-    """The JSON parameters the collector agent receives for ``config``."""
+def agent_params(
+    config: Config, *, gpu_timeout_s: float = 10.0, local: bool = False
+) -> dict[str, Any]:
+    """The JSON parameters the collector agent receives for ``config``; a ``local`` target
+    writes kept cache contents straight into the blob store (no base64 round trip)."""
     return {
         "repos": [str(p) for p in config.repos],
         "files": list(config.files),
@@ -41,6 +45,8 @@ def agent_params(config: Config, *, gpu_timeout_s: float = 10.0) -> dict[str, An
         "probes": list(config.probes),
         "env": list(config.env),
         "keep_blobs": config.keep_blobs,
+        "keep_caches": config.keep_caches,
+        "cache_blob_dir": str(config.blobs_dir.absolute()) if local else None,
         "gpu_timeout_s": gpu_timeout_s,
         "cmd_timeout_s": 10.0,
     }
@@ -63,7 +69,7 @@ def take_snapshot(
     """
     started = time.monotonic()
     created = datetime.now(timezone.utc).replace(microsecond=0)
-    all_params = agent_params(config)
+    all_params = agent_params(config, local=not transport.layers)
     all_params.update(params or {})
     own_logs = log_dir is None
     logs = Path(tempfile.mkdtemp(prefix="envbisect-snapshot-")) if log_dir is None else log_dir
@@ -115,7 +121,9 @@ def take_snapshot(
             }
         ),
     }
-    if blobs:
+    if blobs or any(
+        isinstance(c, dict) and c.get("kept") for c in (sections.get("caches") or {}).values()
+    ):
         # Where the contents went, so a manifest written anywhere (-o PATH) finds them.
         meta["blobs_dir"] = str(config.blobs_dir.absolute())
     return Manifest(sections={"meta": dict(sorted(meta.items())), **sections})
@@ -191,6 +199,15 @@ def write_snapshot(manifest: Manifest, out: str | None, config: Config) -> Path 
     return path
 
 
+def _cache_bit(name: str, cache: dict[str, Any]) -> str:
+    """``inductor 300 files (content kept, 12.1 MB)`` / ``triton absent``."""
+    if not cache.get("exists"):
+        return f"{name} absent"
+    kept = cache.get("kept")
+    how = f" (content kept, {human_bytes(kept.get('bytes'))})" if isinstance(kept, dict) else ""
+    return f"{name} {cache.get('files', 0)} files{how}"
+
+
 def summary(manifest: Manifest) -> list[str]:
     """A few human lines about a snapshot: what was found, what failed, how long it took."""
     s = manifest.section
@@ -210,11 +227,7 @@ def summary(manifest: Manifest) -> list[str]:
     ]
     if s("probes"):
         parts.append(f"{len(s('probes'))} probe(s)")
-    cache_bits = [
-        f"{name} {c.get('files', 0)} files" if c.get("exists") else f"{name} absent"
-        for name, c in caches.items()
-        if isinstance(c, dict)
-    ]
+    cache_bits = [_cache_bit(name, c) for name, c in caches.items() if isinstance(c, dict)]
     lines = [
         f"snapshot '{manifest.label}' of {meta.get('host') or '?'} "
         f"in {meta.get('elapsed_s', 0):.2f}s: " + ", ".join(parts),
