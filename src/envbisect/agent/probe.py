@@ -49,6 +49,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
         SEEN_LOCK,
         check_flag,
         facts,
+        serialized,
         thread_no,
         tls,
     )
@@ -61,6 +62,7 @@ else:
         SEEN_LOCK,
         check_flag,
         facts,
+        serialized,
         thread_no,
         tls,
     )
@@ -208,8 +210,9 @@ def _hook_eval_frame(mod):
             eager_flex = getattr(tls, "eager_flex", 0)
             if not eager_flex and threading.get_ident() not in SEEN["compiled_threads"]:
                 _note_compiled_thread()
-            check_flag()  # entering compiled code: the flag must not be set here
-            return compiled(*a, **k)
+            with serialized():  # a warm-cache run: no other thread traces meanwhile
+                check_flag()  # entering compiled code: the flag must not be set here
+                return compiled(*a, **k)
 
         # The copied __dict__ keeps Dynamo's own markers (_torchdynamo_orig_callable, ...).
         return functools.update_wrapper(probed, compiled)
@@ -235,7 +238,8 @@ def _hook_flex(mod):
         check_flag()
         tls.eager_flex = getattr(tls, "eager_flex", 0) + 1
         try:
-            return original(*args, **kwargs)
+            with serialized():  # eager flex sets the FX flag too
+                return original(*args, **kwargs)
         finally:
             tls.eager_flex -= 1
 
@@ -251,17 +255,23 @@ def _hook_fx(mod):
 
     @functools.wraps(original)
     def trace(self, *args, **kwargs):
-        me = threading.get_ident()
-        with SEEN_LOCK:
-            SEEN["tracing"][me] = SEEN["tracing"].get(me, 0) + 1
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            with SEEN_LOCK:
-                SEEN["tracing"][me] -= 1
-            check_flag()
+        with serialized():  # a warm-cache run: the flag is up for this thread alone
+            return _traced(original, self, args, kwargs)
 
     tracer.trace = trace
+
+
+def _traced(original, tracer, args, kwargs):
+    """One FX trace, counted as in flight in this thread while it runs."""
+    me = threading.get_ident()
+    with SEEN_LOCK:
+        SEEN["tracing"][me] = SEEN["tracing"].get(me, 0) + 1
+    try:
+        return original(tracer, *args, **kwargs)
+    finally:
+        with SEEN_LOCK:
+            SEEN["tracing"][me] -= 1
+        check_flag()
 
 
 _HOOKS = {
@@ -301,6 +311,10 @@ def _note_warning(category, message):
 
 def _install():
     import warnings
+
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        if json.loads(os.environ.get(CONFIG_ENV) or "{}").get("serialize_compiles"):
+            SEEN["serial"] = threading.RLock()
 
     shown = warnings.showwarning
 

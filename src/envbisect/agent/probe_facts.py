@@ -33,7 +33,53 @@ SEEN = {
     "crash": None,
     "exit_code": None,
     "done": False,
+    "serial": None,  # the lock that keeps compiles apart, in a run that asks for it
+    "serial_waits": 0,  # times a thread waited for another's compile or trace
 }
+
+
+def serialized():
+    """A context in which no other thread traces, compiles or enters a compiled function,
+    when the run asked for compiles one at a time (``serialize_compiles`` in the probe's
+    config: the run that makes a warm cache); else nothing. Re-entrant; a thread that waits
+    longer than ``SERIAL_WAIT_S`` goes on without the lock rather than hang the run."""
+    lock = SEEN["serial"]
+    if lock is None:
+        return _NOTHING
+    return _Held(lock)
+
+
+SERIAL_WAIT_S = 600
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOTHING = _Nothing()
+
+
+class _Held:
+    def __init__(self, lock):
+        self.lock = lock
+        self.held = False
+
+    def __enter__(self):
+        self.held = self.lock.acquire(blocking=False)
+        if not self.held:
+            with SEEN_LOCK:
+                SEEN["serial_waits"] += 1
+            self.held = self.lock.acquire(timeout=SERIAL_WAIT_S)
+        return self
+
+    def __exit__(self, *exc):
+        if self.held:
+            self.lock.release()
+        return False
 
 
 def thread_no(ident):
@@ -113,6 +159,8 @@ def facts():
         {"category": c, "message": m, "count": n}
         for (c, m), n in sorted(SEEN["warnings"].items(), key=lambda kv: -kv[1])
     ]
+    if SEEN["serial"] is not None:
+        out["serialized"] = {"compiles": True, "waits": SEEN["serial_waits"]}
     out["crash"] = SEEN["crash"]
     out["exit_code"] = SEEN["exit_code"]
     out["elapsed_s"] = round(time.time() - SEEN["t0"], 3)

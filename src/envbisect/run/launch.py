@@ -74,6 +74,7 @@ class RunSpec:
     argv_map: Callable[[Sequence[str]], list[str]] | None = None  # the state's paths
     samples: int = 1  # timed windows asked of the one process
     pin: tuple[str, ...] = ()  # words put in front of the innermost command (taskset -c N)
+    serialize_compiles: bool = False  # the probe compiles one thread at a time (warm-cache run)
 
     @property
     def remote(self) -> bool:
@@ -213,6 +214,7 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
         if wrapped.probed:
             argv = list(wrapped.argv)
             delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
+            delivery = replace(delivery, serialize=spec.serialize_compiles)
             run_env.update(delivery.env())
     # Logged as typed (the probe's bootstrap is a detail of how it ran: ``probed``).
     argv, logged = _placed(spec, argv), tuple(_placed(spec, typed))

@@ -155,10 +155,13 @@ def _wrap_torchrun(words: list[str], start: int, python: str | None) -> Wrapped:
 
 @dataclass(frozen=True)
 class Delivery:
-    """Where one run's facts come back: a file here, or a frame with a nonce on stdout."""
+    """Where one run's facts come back: a file here, or a frame with a nonce on stdout;
+    ``serialize``: the probe keeps the program's compiles and FX traces one thread at a time
+    (the run that makes a warm cache: threads compiling at once is the field's race)."""
 
     file: Path | None = None
     nonce: str | None = None
+    serialize: bool = False
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -170,7 +173,9 @@ class Delivery:
 
     def env(self) -> dict[str, str]:
         """The variable that tells the probe where to deliver."""
-        config = {"result": str(self.file)} if self.file else {"nonce": self.nonce}
+        config: dict[str, Any] = {"result": str(self.file)} if self.file else {"nonce": self.nonce}
+        if self.serialize:
+            config["serialize_compiles"] = True
         return {CONFIG_ENV: json.dumps(config)}
 
     def collect(

@@ -25,8 +25,15 @@ from envbisect.model.metric import Measurement, format_ktok
 from envbisect.model.session import Session, state_key
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
-from envbisect.run import cmdcheck, contention
-from envbisect.run.launch import CRASH_KINDS, RunLog, RunSpec, far_transport, run_once
+from envbisect.run import cmdcheck, contention, probed
+from envbisect.run.launch import (
+    CRASH_KINDS,
+    RunLog,
+    RunSpec,
+    SmokeCommand,
+    far_transport,
+    run_once,
+)
 from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
 from envbisect.run.triallog import TrialCall, write_trial_log
@@ -37,6 +44,9 @@ from envbisect.transport import Transport
 if TYPE_CHECKING:
     from envbisect.run.slurm import Allocations
     from envbisect.run.workers import Worker
+
+# Runs a warm cache's filling may take when an empty cache makes the command crash.
+FILL_TRIES = 5
 
 # A worker's reading of a finished run: its measurement, its stderr log, the worker.
 AfterRun = Callable[[Measurement, Path, "Worker"], Measurement]
@@ -368,9 +378,12 @@ class TrialRunner:
         return None
 
     def _fill(self, work: TrialWork, realized: Realized) -> Failure | None:
-        """Make the warm caches whose recorded content is gone: run the state once into
-        their empty dirs (the built-in drafter with one drafter thread: compiling in threads
-        is what races), once per trial; its runs then measure with what that run compiled."""
+        """Make the warm caches whose recorded content is gone: run the state into their
+        empty dirs, once per trial, with compiles kept apart (the built-in drafter with one
+        drafter thread; a Python command under the probe, which lets one thread trace or
+        compile at a time): threads compiling at once on an empty cache is the field's race.
+        A run that crashes anyway is tried again, up to ``FILL_TRIES`` runs; the crashes are
+        said as the empty cache's own rate. The trial's runs then measure warm."""
         key = state_key(work.applied, work.state.positions)
         if key in self.filled:
             return None
@@ -380,13 +393,26 @@ class TrialRunner:
             # there, so a run now would make exactly the empty dir the state already has.
             self.progress(f"  caches {names}: warm is the empty dir (the command writes none)")
             return None
-        smoke, how = self.o.smoke, "one run of this state's command"
-        if smoke.builtin:
-            params = {**smoke.drafter_params, "drafter_threads": 1}
-            smoke, how = replace(smoke, drafter_params=params), "one single-threaded run"
-        m = run_once(smoke, self._spec(work, realized, "fill", samples=1))
+        smoke, how = self._fill_command()
+        crashed: list[Failure] = []
+        while True:
+            name = "fill" if not crashed else f"fill-{len(crashed) + 1}"
+            spec = replace(self._spec(work, realized, name, samples=1), serialize_compiles=True)
+            m = run_once(smoke, spec)
+            if m.ok or m.failure is None or m.failure.kind not in CRASH_KINDS:
+                break
+            crashed.append(m.failure)
+            if len(crashed) >= FILL_TRIES:
+                break
+            self.progress(f"  caches {names}: the filling run crashed ({m.failure}); again")
+        rate = f"{len(crashed)} of {len(crashed) + (1 if m.ok else 0)}"
         if not m.ok:
-            return Failure.build(f"caches {names}: making the warm cache failed: {m.failure}")
+            why = (
+                f"an empty cache makes this command crash {rate} times ({crashed[0]})"
+                if crashed
+                else f"making the warm cache failed: {m.failure}"
+            )
+            return Failure.build(f"caches {names}: {why}, even with {how}")
         wrote = _wrote_into(realized, work.transport)
         with self._lock:
             self.filled.add(key)
@@ -394,6 +420,7 @@ class TrialRunner:
         note = (
             f"caches {names}: the recorded warm cache is gone; warm made by {how} into an "
             "empty dir, then measured"
+            + (f" (an empty cache crashed it {rate} times first: {crashed[0]})" if crashed else "")
             + ("; it wrote nothing there, so later states skip that run" if wrote is False else "")
         )
         work.notes = (*work.notes, note)
@@ -401,6 +428,18 @@ class TrialRunner:
         with self._lock:
             self.fill_notes.append(note)
         return None
+
+    def _fill_command(self) -> tuple[SmokeCommand, str]:
+        """What makes a warm cache, and how it is said: the built-in drafter with one drafter
+        thread; a Python command under the probe with its compiles serialized; anything
+        else as typed."""
+        smoke = self.o.smoke
+        if smoke.builtin:
+            params = {**smoke.drafter_params, "drafter_threads": 1}
+            return replace(smoke, drafter_params=params), "one single-threaded run"
+        if smoke.probe and probed.wrap(smoke.argv, None).probed:
+            return smoke, "one run of this state's command, its compiles one thread at a time"
+        return smoke, "one run of this state's command"
 
     def _spec(self, work: TrialWork, realized: Realized, name: str, samples: int) -> RunSpec:
         """How one process of a state runs: the state's interpreter, env and cwd, the
