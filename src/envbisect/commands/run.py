@@ -88,6 +88,14 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "crash before calling it not reproduced (a crash that strikes 1 run in 8 needs ~24).",
 )
 @click.option(
+    "--crash-rate-runs",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Runs of a culprit's own state that crashed, so that the culprit line says its "
+    "crash rate ('crashed 5 of 5') with the error.",
+)
+@click.option(
     "--cpu-threads",
     default="auto",
     show_default=True,
@@ -238,6 +246,7 @@ class RunFlags:
     timeout_s: float
     on_crash: str
     crash_runs: int
+    crash_rate_runs: int
     find_all: bool
     recheck_loaded: bool
     cpu_threads: str
@@ -302,6 +311,7 @@ class RunFlags:
             timeout_s=self.timeout_s,
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
+            crash_rate_runs=self.crash_rate_runs,
             find_all=self.find_all,
             recheck_loaded=self.recheck_loaded,
             cpu_threads=self.cpu_threads,

@@ -153,6 +153,8 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
     effect = ""
     if good is not None and bad is not None:
         effect = f" — {format_ktok(good)} → {format_ktok(bad)} Ktok/s"
+    if culprit.crash:
+        effect += f" — {culprit.crash}"
     return f"Culprit: {what}{effect}"
 
 
@@ -372,6 +374,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "changes": c.changes(),
                 "details": list(c.details),
                 "why": list(c.why),
+                "crash": c.crash,
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
                 "within": c.within.as_dict() if c.within is not None else None,

@@ -259,9 +259,24 @@ def _culprits(
                     details=_details(units[unit_id], commit, context),
                     good_trial=trial_number(evidence.good, numbers),
                     bad_trial=trial_number(evidence.bad, numbers),
+                    crash=crash_finding(evidence.good, evidence.bad),
                 )
             )
     return tuple(culprits), tuple(notes)
+
+
+def crash_finding(good: Trial, bad: Trial) -> str | None:
+    """``crashed 5 of 5 (good: 0 of 4): RuntimeError: ...`` when the culprit's state crashed."""
+    if not bad.crashes:
+        return None
+    rate = f"crashed {bad.crashes} of {max(bad.runs, bad.crashes)}"
+    if good.runs:
+        rate += f" (good: {good.crashes} of {good.runs})"
+    error = str(bad.failure) if bad.failure else None
+    if error:
+        for prefix in ("crash: ", "timeout: "):
+            error = error.removeprefix(prefix)
+    return f"{rate}: {error}" if error else rate
 
 
 def _why(culprit: Culprit, rows: Sequence[TrialRow]) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ class RunOptions:
     timeout_s: float = 600
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
+    crash_rate_runs: int = 5  # runs of a culprit's state that crashed, for its rate
     find_all: bool = False  # go on after the first cause while reverting it is not enough
     recheck_loaded: bool = False  # measure again a verdict taken under passing load
     # OMP_NUM_THREADS of a user's command's trials: "auto" (the free cores when the machine
@@ -63,6 +64,7 @@ class RunOptions:
             on_failure=self.on_crash,
             workers=workers,
             crash_runs=self.crash_runs,
+            crash_rate_runs=self.crash_rate_runs,
             find_all=self.find_all,
             recheck_loaded=self.recheck_loaded,
         )

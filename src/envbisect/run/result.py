@@ -175,6 +175,9 @@ class Culprit:
     # A package unit: the torch stack's guilty component, the first bad release.
     within: PackageFinding | None = None
     why: tuple[str, ...] = ()  # the facts that differ, good vs bad (envbisect.model.facts)
+    # The culprit's own state crashed: ``crashed 5 of 5: RuntimeError: ...`` (its rate and
+    # the error), with the good state's own rate when that crashed too.
+    crash: str | None = None
 
     def changes(self) -> list[dict[str, Any]]:
         out = []

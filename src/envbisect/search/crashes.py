@@ -14,12 +14,19 @@ class CrashWatch:
     """The crash regime of one search: ``rate`` is the bad endpoint's, once it crashed."""
 
     def __init__(
-        self, cache: SampleCache, units: int, *, on_failure: OnFailure, crash_runs: int
+        self,
+        cache: SampleCache,
+        units: int,
+        *,
+        on_failure: OnFailure,
+        crash_runs: int,
+        rate_runs: int = 5,
     ) -> None:
         self.cache = cache
         self.units = units
         self.on_failure = on_failure
         self.crash_runs = crash_runs
+        self.rate_runs = rate_runs
         self.rate: CrashRate | None = None
         self.clear_runs = 1
 
@@ -78,6 +85,22 @@ class CrashWatch:
                     runs=rec.runs,
                     of=self.clear_runs,
                     rate=self.rate,
+                ),
+                rec,
+            )
+            self.cache.call(rec, 1)
+
+    def culprit_rate(self, rec: Record) -> None:
+        """A culprit's own state crashed: run it until ``rate_runs`` runs, so that its line
+        says a rate ("crashed 5 of 5"), not one crash."""
+        while rec.crashes and not rec.untestable and rec.runs < self.rate_runs:
+            self.cache.emit(
+                EventKind.MORE_SAMPLES,
+                say(
+                    Say.CULPRIT_RATE,
+                    index=rec.index,
+                    rate=CrashRate(rec.crashes, rec.runs),
+                    of=self.rate_runs,
                 ),
                 rec,
             )

@@ -138,8 +138,12 @@ class _Engine:
             fraction=settings.threshold_fraction,
             on_failure=on_failure,
         )
-        crashes = CrashWatch(
-            self.cache, len(self.units), on_failure=on_failure, crash_runs=settings.crash_runs
+        self.crashes = crashes = CrashWatch(
+            self.cache,
+            len(self.units),
+            on_failure=on_failure,
+            crash_runs=settings.crash_runs,
+            rate_runs=settings.crash_rate_runs,
         )
         sampling = {"repeats": settings.repeats, "max_samples": settings.max_samples}
         self.scheduler: Scheduler = (
@@ -199,6 +203,7 @@ class _Engine:
                 return self._result(SearchOutcome.AMBIGUOUS, ambiguous, amb.candidates)
             if self.load.recheck(State.of(core)):
                 continue  # its slowness was the machine's load: search again
+            self.crashes.culprit_rate(self.cache[State.of(core)])
             alone = self.confirmation.alone(core)
             without = self.confirmation.without(core, bad)
             if without.restored is not None:

@@ -132,6 +132,8 @@ class SearchSettings:
     # Measure a state again when its bad verdict rests on samples taken under passing load
     # (``recheck.LoadCheck``); off by default: it adds processes where load varies.
     recheck_loaded: bool = False
+    # Runs of a culprit's own state that crashed, so that its crash rate is said (n of N).
+    crash_rate_runs: int = 5
 
     def validate(self, units: Sequence[str]) -> None:
         """ValueError for a mistake of the caller (which validates user input first)."""
@@ -152,6 +154,8 @@ class SearchSettings:
         threshold = self.threshold
         if threshold is not None and not (threshold > 0 and math.isfinite(threshold)):
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
+        if self.crash_rate_runs < 1:
+            raise ValueError("crash_rate_runs must be at least 1")
         if self.repeats < 1:
             raise ValueError("repeats must be at least 1")
         if self.max_samples < max(3, self.repeats):

@@ -25,6 +25,7 @@ class Say(str, Enum):
     CRASH_ESTIMATE = "crash-estimate"
     CRASH_REGIME = "crash-regime"
     LOOK_FOR_CRASH = "look-for-crash"
+    CULPRIT_RATE = "culprit-rate"
     CLEAN_RUN = "clean-run"
     MEASURE_AGAIN = "measure-again"
     MEASURING_ENDPOINTS = "measuring-endpoints"
@@ -177,6 +178,9 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     ),
     Say.LOOK_FOR_CRASH: lambda index, run, of: (
         f"trial {index}: not slow; run {run} of {of} looking for an intermittent crash"
+    ),
+    Say.CULPRIT_RATE: lambda index, rate, of: (
+        f"trial {index}: the culprit's own state {rate.describe()}; runs to {of} for its crash rate"
     ),
     Say.CLEAN_RUN: lambda index, runs, of, rate: (
         f"trial {index}: clean run {runs} of {of} needed (the bad state {rate.describe()})"
