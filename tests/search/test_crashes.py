@@ -55,3 +55,43 @@ def test_a_bad_endpoint_that_is_not_slow_is_run_looking_for_a_crash() -> None:
     w.crashes.look(bad)
     assert bad.runs == 4 and bad.crashes == 0
     assert w.messages()[-1] == "trial 1: not slow; run 4 of 4 looking for an intermittent crash"
+
+
+class WarmRace:
+    """The field's drift as the engine sees it: every state crashes now and then (a warm
+    cache still races 1 run in 4), ``cache`` (cleared) makes every run crash, ``data`` (grown)
+    makes the clean runs 40 times slower, ``patch`` is harmless."""
+
+    def __init__(self) -> None:
+        self.runs: dict[frozenset[str], int] = {}
+
+    def __call__(self, state: State, n: int) -> Outcome:
+        k = self.runs[state.applied] = self.runs.get(state.applied, 0) + 1
+        if "cache" in state.applied or k % 4 == 2:
+            return Outcome(failure="crash: exit 1: RuntimeError: Detected that you are using FX")
+        rate = 25.0 if "data" in state.applied else 1000.0
+        return Outcome(samples=(rate,) * n)
+
+
+def test_a_good_state_that_crashes_now_and_then_is_the_baseline_not_a_failure() -> None:
+    from envbisect.search import search
+
+    res = search(["cache", "data", "patch"], WarmRace(), find_all=True, threshold_fraction=0.7)
+    assert res.outcome.value == "found", res.message
+    assert sorted(u for c in res.culprits for u in c.units) == ["cache", "data"]
+    good = res.trials[0]
+    assert good.failure is None and good.crashes >= 1 and good.runs >= 8
+    by_units = {c.units: c for c in res.culprits}
+    cache = by_units[("cache",)].alone.bad
+    assert cache.failure is not None and cache.crashes == cache.runs >= 5
+    data = by_units[("data",)].alone.bad
+    assert data.failure is None and data.median == 25.0  # crashed like good: judged slow
+    assert "the good state fails here too" not in res.message
+
+
+def test_the_rate_test_tells_more_crashes_from_the_good_states() -> None:
+    from envbisect.search.crashrate import more_often
+
+    assert more_often(CrashRate(5, 5), CrashRate(2, 10)) < 0.01
+    assert more_often(CrashRate(3, 10), CrashRate(2, 10)) > 0.3
+    assert more_often(CrashRate(0, 5), CrashRate(2, 10)) == 1.0

@@ -294,6 +294,9 @@ class TrialRunner:
                 work.failure, work.untestable = Failure(check.summary()), True
         if work.failure is None and realized.fill:
             work.failure = self._fill(work, realized)
+            # A warm cache that cannot be made is a state not realized as recorded: its own
+            # finding (the empty cache's crash rate), never "the good state fails here too".
+            work.untestable = work.failure is not None
         if work.failure is None:
             endpoint = not work.applied or len(work.applied) == self.n_units
             work.failure = self._sample(work, realized, endpoint)

@@ -1,9 +1,15 @@
 """Intermittent crashes: once the bad endpoint has crashed, its crash rate, and every state
-that runs clean run until such a rate would have shown (see ``crashrate``)."""
+that runs clean run until such a rate would have shown (see ``crashrate``).
+
+When the good state itself crashes in some runs and runs clean in others (the field's race
+with a warm cache: 2 of 10 processes on the H200), one crash proves nothing: its rate is the
+baseline, and a state counts as crashing only when it crashes more often than that (a
+one-sided Fisher test at the per-state confidence); otherwise its clean runs judge it."""
 
 from __future__ import annotations
 
-from envbisect.search.crashrate import CrashRate, clear_confidence, runs_to_clear
+from envbisect.model.failure import FailureKind
+from envbisect.search.crashrate import CrashRate, clear_confidence, more_often, runs_to_clear
 from envbisect.search.result import EventKind
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import OnFailure
@@ -29,6 +35,8 @@ class CrashWatch:
         self.rate_runs = rate_runs
         self.rate: CrashRate | None = None
         self.clear_runs = 1
+        self.base: Record | None = None  # the good state, when it crashes now and then
+        self.alpha = 1 - clear_confidence(units)  # a rate above the base's, at this level
 
     def crashed(self, rec: Record) -> bool:
         return rec.crashes > 0 and not rec.untestable and self.on_failure is OnFailure.BAD
@@ -74,6 +82,9 @@ class CrashWatch:
     def clear(self, rec: Record) -> None:
         """Run a state that did not crash until a crash rate like the bad endpoint's would
         have shown (one run per call: a crash is per process)."""
+        if self.base is not None:
+            self.against_base(rec)
+            return
         if self.rate is None or rec.untestable or rec.failure:
             return
         while not rec.failure and not rec.crashes and rec.runs < self.clear_runs:
@@ -105,3 +116,65 @@ class CrashWatch:
                 rec,
             )
             self.cache.call(rec, 1)
+
+    def tolerate(self, good: Record, bad: Record) -> None:
+        """The good state crashed, but also ran clean: run it to ``BASE_RUNS`` for its rate,
+        which becomes the baseline; the bad state is then judged against it like any other."""
+        if self.base is not None or self.on_failure is not OnFailure.BAD:
+            return
+        if not good.crashes or not good.samples or good.untestable:
+            return
+        while good.runs < max(BASE_RUNS, self.rate_runs):
+            self.cache.emit(
+                EventKind.MORE_SAMPLES,
+                say(Say.BASE_RATE, index=good.index, rate=CrashRate(good.crashes, good.runs)),
+                good,
+            )
+            self.cache.call(good, 1)
+        self.base = good
+        _forgive(good)
+        self.cache.emit(
+            EventKind.PHASE,
+            say(Say.CRASH_BASELINE, rate=CrashRate(good.crashes, good.runs), alpha=self.alpha),
+        )
+        self.against_base(bad)
+
+    def against_base(self, rec: Record) -> None:
+        """Judge ``rec``'s crashes against the good state's: it crashes more often (bad, its
+        crash the failure) or not (forgiven: its clean runs judge it). A state that has not
+        crashed is run like in the plain regime, until the bad state's rate would show."""
+        base = self.base
+        if base is None or rec is base or rec.untestable:
+            return
+        base_rate = CrashRate(base.crashes, base.runs)
+        while True:
+            rate = CrashRate(rec.crashes, rec.runs)
+            if not rec.crashes:
+                if self.rate is None or rec.runs >= self.clear_runs or rec.failure:
+                    return
+            elif more_often(rate, base_rate) < self.alpha:
+                return  # crashes more often than the good state: its crash is the failure
+            elif rec.runs >= MAX_BASE_RUNS or (
+                rec.runs >= self.rate_runs and rate.rate <= base_rate.rate
+            ):
+                _forgive(rec)
+                return
+            self.cache.emit(
+                EventKind.MORE_SAMPLES,
+                say(Say.AGAINST_BASE, index=rec.index, rate=rate, base=base_rate),
+                rec,
+            )
+            self.cache.call(rec, 1)
+
+
+# Runs of a good state that crashes now and then, for its rate; a state's runs at most while
+# its rate is told from that one.
+BASE_RUNS = 8
+MAX_BASE_RUNS = 12
+
+
+def _forgive(rec: Record) -> None:
+    """A state that crashed no more often than the good state: its clean runs judge it."""
+    if rec.failure is not None and rec.failure.kind in (FailureKind.CRASH, FailureKind.TIMEOUT):
+        if rec.samples:
+            rec.failure = None

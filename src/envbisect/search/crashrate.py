@@ -88,3 +88,18 @@ def runs_to_clear(bad: CrashRate, confidence: float = CONFIDENCE) -> int:
         return 1
     need = math.ceil(math.log(1 - confidence) / math.log(1 - rate))
     return max(1, min(MAX_CLEAR_RUNS, need))
+
+
+def more_often(state: CrashRate, base: CrashRate) -> float:
+    """One-sided Fisher exact test: the probability of ``state`` crashing at least this often
+    if it crashed no more often than ``base`` (the good state's own rate). Small: it does."""
+    k, n = state.crashes, state.runs
+    crashes, runs = k + base.crashes, n + base.runs
+    if not n or not crashes:
+        return 1.0
+    total = math.comb(runs, n)
+    tail = sum(
+        math.comb(crashes, i) * math.comb(runs - crashes, n - i)
+        for i in range(k, min(n, crashes) + 1)
+    )
+    return tail / total

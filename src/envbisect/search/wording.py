@@ -26,6 +26,9 @@ class Say(str, Enum):
     CRASH_REGIME = "crash-regime"
     LOOK_FOR_CRASH = "look-for-crash"
     CULPRIT_RATE = "culprit-rate"
+    BASE_RATE = "base-rate"
+    CRASH_BASELINE = "crash-baseline"
+    AGAINST_BASE = "against-base"
     CLEAN_RUN = "clean-run"
     MEASURE_AGAIN = "measure-again"
     MEASURING_ENDPOINTS = "measuring-endpoints"
@@ -178,6 +181,19 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     ),
     Say.LOOK_FOR_CRASH: lambda index, run, of: (
         f"trial {index}: not slow; run {run} of {of} looking for an intermittent crash"
+    ),
+    Say.BASE_RATE: lambda index, rate: (
+        f"trial {index}: the good state {rate.describe()} but also ran clean; one more run "
+        "for its own crash rate"
+    ),
+    Say.CRASH_BASELINE: lambda rate, alpha: (
+        f"the good state {rate.describe()} runs: that is the baseline; a state counts as "
+        f"crashing only when it crashes more often (one-sided Fisher test, p < {alpha:.3f}), "
+        "else its clean runs judge it"
+    ),
+    Say.AGAINST_BASE: lambda index, rate, base: (
+        f"trial {index}: {rate.describe()} (good: {base.crashes} of {base.runs}); one more "
+        "run to tell its crash rate from the good state's"
     ),
     Say.CULPRIT_RATE: lambda index, rate, of: (
         f"trial {index}: the culprit's own state {rate.describe()}; runs to {of} for its crash rate"
