@@ -1,0 +1,234 @@
+"""On a GPU machine: the field's own drift, end to end, through ``envbisect run --find-all``.
+
+The good state: a training repo, a dataset of 2,000 prompts (length 1,024 each), a warm
+compile cache (inductor + Triton, made by one single-threaded run of the good state) whose
+content the good snapshot keeps. Then the field's drift, all at once: the compile cache
+cleared, the dataset grown to 11,000 prompts with new, longer lengths, the field's
+``is_fx_symbolic_tracing = lambda: False`` patch in the model file (uncommitted), and
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. The command runs three training
+threads that compile at once: the built-in drafter in the race configuration (default), or
+``--own``: a user's own threaded script (``field/train_threads.py``, flex attention
+compiled, masks built per batch with ``create_block_mask(_compile=True)``).
+
+Expected: the cleared cache named with its crash rate (threads compiling at once on an
+empty cache) and the grown data (recompiles for the new shapes: slow, and crashing now and
+then); the patch and the allocator setting innocent.
+
+Usage (repo root, on the GPU machine, envbisect importable, e.g. PYTHONPATH=src):
+    python3 benchmarks/device/field_drift.py OUTDIR [--own] [--repeat N] [--workers K]
+        [--budget S]
+Writes OUTDIR/<mode>-<i>/{transcript.txt,run.json,report.md} and OUTDIR/<mode>-summary.jsonl;
+``FIELD_DRIFT_SMOKE='--preset tiny ...'`` swaps the drafter's size (a CPU plumbing check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1] / "src"))
+
+from envbisect.run.demo import FIELD_PATCH, FIXTURE, _git  # noqa: E402
+
+RACE = [
+    "--preset", "h200", "--layers", "1", "--seq-len", "1024", "--anchors", "64",
+    "--compile-unit", "flex", "--warmup", "3", "--steps", "8",
+]  # fmt: skip
+if os.environ.get("FIELD_DRIFT_SMOKE"):
+    RACE = shlex.split(os.environ["FIELD_DRIFT_SMOKE"])
+OLD_LEN = 1024
+NEW_LENS = (1536, 1024, 2048, 1280, 1024, 1792, 768, 1024)
+OWN_REGEX = r"throughput: ([0-9.]+) tok/s"
+
+
+class Transcript:
+    def __init__(self, path: Path) -> None:
+        self.fh = path.open("w", encoding="utf-8")
+        self.t0 = time.monotonic()
+
+    def say(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.t0:6.1f}s] {text}"
+        print(line, flush=True)
+        self.fh.write(line + "\n")
+        self.fh.flush()
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: Path, keep: bool = True):
+        self.say("$ " + shlex.join(argv))
+        t = time.monotonic()
+        proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
+        if keep:
+            for stream in (proc.stdout, proc.stderr):
+                if stream.strip():
+                    self.fh.write(stream if stream.endswith("\n") else stream + "\n")
+        self.say(f"exit {proc.returncode} in {time.monotonic() - t:.1f}s")
+        return proc
+
+
+def command(py: str, own: bool, threads: int) -> list[str]:
+    """The training command as the user types it, from the workspace root."""
+    if own:
+        return [py, "repo/train_threads.py", "--data", "data/prompts.jsonl",
+                "--threads", str(threads)]  # fmt: skip
+    return [
+        py, "-m", "envbisect.agent.drafter", *RACE, "--drafter-threads", str(threads),
+        "--data", "data/prompts.jsonl", "--patch-module", "repo/dflash_model.py",
+    ]  # fmt: skip
+
+
+def write_data(path: Path, count: int, grown: bool) -> None:
+    lengths = [OLD_LEN] * count
+    if grown:
+        lengths = [OLD_LEN] * 4 + [NEW_LENS[i % len(NEW_LENS)] for i in range(count - 4)]
+    with path.open("w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"id": i, "length": n}) + "\n" for i, n in enumerate(lengths))
+
+
+def setup(root: Path, py: str, own: bool, workers: int) -> tuple[Path, dict[str, str]]:
+    repo = root / "repo"
+    shutil.copytree(FIXTURE / "repo", repo)
+    shutil.copy(HERE / "field" / "train_threads.py", repo / "train_threads.py")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    _git(repo, "add", "-A", when="2026-11-02T09:00:00Z")
+    _git(repo, "commit", "-q", "-m", "drafter training", when="2026-11-02T09:00:00Z")
+    (root / "data").mkdir()
+    (root / "manifests").mkdir()
+    write_data(root / "data" / "prompts.jsonl", 2000, grown=False)
+    config: dict = {
+        "label": "field",
+        "repos": ["repo"],
+        "files": ["repo/*.py"],
+        "data": ["data/prompts.jsonl"],
+        "data_map": {"data/prompts.jsonl": "data/prompts-v1.jsonl"},
+        "caches": {
+            "inductor": str(root / "cache" / "inductor"),
+            "triton": str(root / "cache" / "triton"),
+        },  # fmt: skip
+        "probes": ["torch.fx._symbolic_trace.is_fx_symbolic_tracing"],
+        "keep_blobs": True,
+        "manifests_dir": "manifests",
+        "smoke": command(py, own, 3),
+    }
+    if workers > 1:
+        config["workers"] = [
+            {"name": f"slot{i}", "env": {"CUDA_VISIBLE_DEVICES": "0"}} for i in range(workers)
+        ]
+    cfg = root / "envbisect.yaml"
+    cfg.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF",)}
+    env.update(
+        PYTHONPATH=str(HERE.parents[1] / "src"),
+        TORCHINDUCTOR_CACHE_DIR=str(root / "cache" / "inductor"),
+        TRITON_CACHE_DIR=str(root / "cache" / "triton"),
+    )
+    return cfg, env
+
+
+def drift(root: Path) -> None:
+    """The field's drift: cache cleared, data grown, the patch, (env: the caller's)."""
+    for name in ("inductor", "triton"):
+        shutil.rmtree(root / "cache" / name, ignore_errors=True)
+        (root / "cache" / name).mkdir(parents=True)
+    (root / "data" / "prompts.jsonl").rename(root / "data" / "prompts-v1.jsonl")
+    write_data(root / "data" / "prompts.jsonl", 11000, grown=True)
+    model = root / "repo" / "dflash_model.py"
+    model.write_text(model.read_text() + FIELD_PATCH)
+
+
+def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
+    mode = "own" if ns.own else "builtin"
+    d = out / f"{mode}-{index}"
+    d.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="envbisect-field-"))
+    tr = Transcript(d / "transcript.txt")
+    py = sys.executable
+    eb = [py, "-m", "envbisect"]
+    try:
+        cfg, env = setup(root, py, ns.own, ns.workers)
+        tr.say("warming the good state's compile cache: one single-threaded run")
+        warm = command(py, ns.own, 1)
+        if not ns.own:
+            res = root / "warm.json"
+            tr.run(warm, {**env, "ENVBISECT_RESULT": str(res)}, root)
+        else:
+            tr.run(warm, env, root)
+        good, bad = root / "manifests" / "good.yaml", root / "manifests" / "bad.yaml"
+        snap = [*eb, "snapshot", "--config", str(cfg), "--python", py]
+        tr.run([*snap, "--label", "good", "-o", str(good)], env, root)
+        drift(root)
+        bad_env = {**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        tr.run([*snap, "--label", "bad", "-o", str(bad)], bad_env, root)
+        tr.say("diff:\n" + tr.run([*eb, "diff", str(good), str(bad)], bad_env, root).stdout)
+        argv = [
+            *eb, "run", "--config", str(cfg), "--python", py, "--good", str(good),
+            "--bad", str(bad), "--until", "70%", "--find-all", "--timeout", str(ns.timeout),
+            "--session", str(root / "session"), "--json", str(d / "run.json"),
+            "--report", str(d / "report.md"),
+        ]  # fmt: skip
+        if ns.own:
+            argv += ["--metric-regex", OWN_REGEX]
+        if ns.workers > 1:
+            argv += ["--workers", str(ns.workers)]
+        t = time.monotonic()
+        run = tr.run(argv, bad_env, root)
+        wall = time.monotonic() - t
+        tr.say(f"run: exit {run.returncode}, wall {wall:.1f}s\n{run.stdout}")
+        doc = json.loads((d / "run.json").read_text()) if (d / "run.json").exists() else {}
+        culprits = [
+            {"unit": c["unit"], "crash": c.get("crash"), "why": c.get("why", [])[:4]}
+            for c in doc.get("culprits", [])
+        ]
+        units = {c["unit"] for c in culprits}
+        right = bool(units) and all(u.startswith(("caches:", "data:")) for u in units)
+        right = right and any(u.startswith("caches:") for u in units)
+        right = right and any(u.startswith("data:") for u in units)
+        return {
+            "mode": mode, "index": index, "exit": run.returncode, "wall_s": round(wall, 1),
+            "outcome": doc.get("outcome"), "message": doc.get("message"),
+            "culprits": culprits, "right": right, "trials": len(doc.get("trials", [])),
+            "processes": sum(t.get("runs") or 0 for t in doc.get("trials", [])),
+        }  # fmt: skip
+    finally:
+        session = root / "session"
+        if session.exists():  # the trial logs, for a look after the call
+            subprocess.run(["tar", "-czf", str(d / "session.tgz"), "-C", str(root),
+                            "--exclude=worktrees", "--exclude=caches", "--exclude=venvs",
+                            "session"], check=False)  # fmt: skip
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--own", action="store_true", help="the user's own threaded script")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--timeout", type=int, default=180)
+    ap.add_argument("--budget", type=float, default=540, help="no new repeat after this")
+    ns = ap.parse_args()
+    ns.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    summary = ns.out / f"{'own' if ns.own else 'builtin'}-summary.jsonl"
+    for i in range(1, ns.repeat + 1):
+        if i > 1 and time.monotonic() - t0 > ns.budget:
+            print(f"budget spent: {i - 1} of {ns.repeat} runs", flush=True)
+            break
+        row = one(ns.out, ns, i)
+        print(json.dumps(row), flush=True)
+        with summary.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
