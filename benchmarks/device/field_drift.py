@@ -177,8 +177,6 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
         ]  # fmt: skip
         if ns.own:
             argv += ["--metric-regex", OWN_REGEX]
-        if ns.workers > 1:
-            argv += ["--workers", str(ns.workers)]
         t = time.monotonic()
         run = tr.run(argv, bad_env, root)
         wall = time.monotonic() - t
@@ -212,7 +210,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--own", action="store_true", help="the user's own threaded script")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=3, help="slots on the one GPU (workers:)")
     ap.add_argument("--timeout", type=int, default=180)
     ap.add_argument("--budget", type=float, default=540, help="no new repeat after this")
     ns = ap.parse_args()
