@@ -131,7 +131,7 @@ def test_check_says_125_with_the_commands_own_line(world: UserRepo) -> None:
     )  # fmt: skip
     assert res.returncode == 125, res.stdout + res.stderr
     assert "the smoke command fails in the current state: " in res.stdout
-    assert "can't open file" in res.stdout and "argv: python3 repo/trian.py" in res.stdout
+    assert "can't open file" in res.stdout and f"argv: {world.python} repo/trian.py" in res.stdout
 
 
 def _print_command(w: UserRepo, cwd: Path, *flags: str) -> str:
