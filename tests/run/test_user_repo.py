@@ -57,6 +57,8 @@ def _assert_found_the_slow_commit(w: UserRepo, code: int, doc: dict, out: str) -
         ("repo", ("python", "train.py", "--data", "data/x.jsonl")),
         ("elsewhere", ("python", "{repo}/train.py", "--data", "{repo}/data/x.jsonl")),
         ("parent", ("bash", "-c", "python repo/train.py --data repo/data/x.jsonl")),
+        ("parent", ("python", "-m", "repo.train", "--data", "repo/data/x.jsonl")),
+        ("repo", ("python3", "-m", "train", "--data", "data/x.jsonl")),
     ],
 )
 def test_every_form_of_the_command_runs_every_trial_and_finds_the_commit(
