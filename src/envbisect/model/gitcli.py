@@ -69,9 +69,9 @@ def run(
     return GitResult(proc.returncode, proc.stdout, proc.stderr)
 
 
-def log_subjects(repo: str, old: str, new: str) -> GitResult:
+def log_subjects(repo: str, old: str, new: str, via: Exec | None = None) -> GitResult:
     """``old..new`` oldest first, one ``<sha> <subject>`` line per commit."""
-    return run("log", "--reverse", "--format=%H %s", f"{old}..{new}", repo=repo)
+    return run("log", "--reverse", "--format=%H %s", f"{old}..{new}", repo=repo, via=via)
 
 
 def remove_worktree(repo: str | Path, path: str | Path) -> None:
