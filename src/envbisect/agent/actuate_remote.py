@@ -237,7 +237,36 @@ def op_available(params):
     return {"missing": missing}
 
 
+def op_torch_requires(params):
+    """The version and ``Requires-Dist`` of the torch a state runs, read from its overlay
+    venv (``venv``: its site-packages, then its link farm), else from ``location`` (the
+    target's own site-packages); ``{"version": None}`` when none is found."""
+    import email.parser
+    import glob
+
+    dirs = []
+    if params.get("venv"):
+        dirs += sorted(glob.glob(os.path.join(params["venv"], "lib", "python*", "site-packages")))
+        dirs.append(os.path.join(params["venv"], "base-site"))
+    elif params.get("location"):
+        dirs.append(params["location"])
+    for d in dirs:
+        for meta in sorted(glob.glob(os.path.join(d, "torch-*.dist-info", "METADATA"))):
+            try:
+                with open(meta, encoding="utf-8", errors="replace") as fh:
+                    msg = email.parser.Parser().parse(fh, headersonly=True)
+            except OSError:
+                continue
+            if (msg.get("Name") or "").lower() == "torch":
+                return {
+                    "version": msg.get("Version"),
+                    "requires": msg.get_all("Requires-Dist") or [],
+                }
+    return {"version": None}
+
+
 _OPS = {
+    "torch_requires": op_torch_requires,
     "available": op_available,
     "probe": op_probe,
     "inspect": op_inspect,

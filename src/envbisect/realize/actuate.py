@@ -419,10 +419,8 @@ class Actuator:
         return self._states.add_package(unit_id, values)
 
     def venv_of(self, applied: frozenset[str], positions: Mapping[str, int]) -> Path | None:
-        """Where the overlay venv of a state is (None: the state needs none, or the target is
-        remote); built once the state has been realized."""
-        if self.remote:
-            return None
+        """Where the overlay venv of a state is (on a remote target: its path there; None:
+        the state needs none); built once the state has been realized."""
         env = dict(self.base_env if self.base_env is not None else os.environ)
         sandbox = self._sandbox(self.session.root / "trials" / "preview", env)
         values = self.state_values(applied, positions)
