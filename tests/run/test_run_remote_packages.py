@@ -111,3 +111,51 @@ def test_a_guilty_torch_stack_is_split_with_torchs_pins_read_on_the_target(
     assert any(pin in x for x in stack_doc["outside_pins"]), stack_doc
     assert pin in res.stderr
     assert list((sc.tmp / "session" / "remote").glob("pins*.stdout")), "asked on the target"
+
+
+FAKE_TORCH_2 = """import nvidia_fake_ebstack
+if nvidia_fake_ebstack.ABI != 2:
+    raise ImportError("libtorch_fake.so: undefined symbol: ebstack_v2 (CUDA wheels too old)")
+WORK = %d
+"""
+
+
+def test_torchs_first_bad_release_runs_with_companions_the_targets_uv_resolved(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    """torch itself is guilty; each of its releases between the endpoints is tried with the
+    companions it pins, resolved by ``uv pip compile`` on the target (a CUDA wheel 1.5 that
+    neither endpoint has)."""
+    sc = Scenario(tmp_path)
+    w = sc.wheels
+    mid_pins = ("triton==2.0", "nvidia-fake-ebstack==1.5")
+    build_wheel(w, "torch", "1.0", "WORK = 1\n", ("triton==1.0", "nvidia-fake-ebstack==1.0"))
+    build_wheel(w, "torch", "1.5", "WORK = 1  # still fast\n", mid_pins)
+    build_wheel(w, "torch", "1.8", f"WORK = {SLOWDOWN}  # the slow one\n", mid_pins)
+    build_wheel(
+        w, "torch", "2.0+cpu", FAKE_TORCH_2 % SLOWDOWN, ("triton==2.0", "nvidia-fake-ebstack==2.0")
+    )
+    build_wheel(w, "triton", "1.0", "WORK = 1\n")
+    build_wheel(w, "triton", "2.0", "WORK = 1  # same speed\n")
+    build_wheel(w, "nvidia-fake-ebstack", "1.0", "WORK = 1\nABI = 1\n")
+    build_wheel(w, "nvidia-fake-ebstack", "1.5", "WORK = 1\nABI = 1  # 1.5\n")
+    build_wheel(w, "nvidia-fake-ebstack", "2.0", "WORK = 1\nABI = 2  # new\n")
+    sc.venv("ebwork==1.0", "torch==2.0+cpu", "triton==2.0", "nvidia-fake-ebstack==2.0")
+    good = {"torch": pkg("1.0"), "triton": pkg("1.0"), "nvidia-fake-ebstack": pkg("1.0")}
+    bad = {"torch": pkg("2.0+cpu"), "triton": pkg("2.0"), "nvidia-fake-ebstack": pkg("2.0")}
+    _write(sc, {**good, "ebwork": pkg("1.0")}, {**bad, "ebwork": pkg("1.0")})
+
+    res, doc = _run(sc, [sshd_server.via], STACK_MODULES)
+
+    assert res.return_value == 0, res.output
+    within = doc["culprits"][0]["within"]
+    assert within["stack"]["culprit"]["component"] == "torch itself", res.output
+    release = within["release"]
+    assert release["releases"] == ["1.5", "1.8"]
+    assert release["first_bad"] == "1.8", res.output
+    assert "resolved for each release with uv pip compile" in release["note"]
+    assert "1.8: nvidia-fake-ebstack 1.5, triton 2.0" in release["note"]
+    assert release["outside_pins"] == []
+    # Resolved by the target's uv, through the chain.
+    assert list((sc.tmp / "session" / "remote").glob("resolve*.stdout"))

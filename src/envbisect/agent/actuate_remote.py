@@ -265,7 +265,30 @@ def op_torch_requires(params):
     return {"version": None}
 
 
+def op_compile(params):
+    """``uv pip compile`` of one ``requirement`` with its dependencies, by uv on this machine
+    for ``python_version`` with the sources' options ``args``: its output, or uv's last
+    line as ``error``."""
+    argv = list(params["uv"]) + ["pip", "compile", "-q", "--no-header", "--no-annotate", "-"]
+    argv += ["--python-version", params["python_version"]] + list(params.get("args") or ())
+    try:
+        proc = subprocess.run(
+            argv,
+            input=params["requirement"] + "\n",
+            capture_output=True,
+            text=True,
+            timeout=params.get("timeout_s", 300),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+    if proc.returncode != 0:
+        return {"error": output_tail(proc.stderr)}
+    return {"stdout": proc.stdout}
+
+
 _OPS = {
+    "compile": op_compile,
     "torch_requires": op_torch_requires,
     "available": op_available,
     "probe": op_probe,
