@@ -406,3 +406,14 @@ def test_check_says_in_one_line_when_the_recorded_interpreter_is_gone(tmp_path: 
         f"envbisect: error: no --python given and the interpreter the manifest {moved} "
         "recorded (/nowhere/bin/python) is not here: give --python PATH"
     ]
+    # Through a layer the recorded path is not this machine's to check: said, not guessed.
+    res = subprocess.run(
+        [sys.executable, "-m", "envbisect", "check", "--until-ktoks", "1k", "--via", "env",
+         "--manifest", str(manifest), "--", "python", str(script)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "envbisect: error: --manifest picks the interpreter it recorded on this machine; "
+        "through --via give the target's with --python"
+    ]

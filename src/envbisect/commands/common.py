@@ -252,8 +252,14 @@ def recorded_interpreter(
     target the one ``manifest`` (else envbisect.yaml's ``good:``) recorded, like ``run``;
     else ``py``; resolved once where typed (``envbisect.model.interpreter``)."""
     from envbisect.model import interpreter
+    from envbisect.model.errors import UsageError
 
     local = not transport.layers
+    if manifest and not local:
+        raise UsageError(
+            "--manifest picks the interpreter it recorded on this machine; through --via "
+            "give the target's with --python"
+        )
     path = Path(manifest) if manifest else getattr(config, "good", None)
     if local and path is not None:
         what = f"the manifest {path}" if manifest else f"the good manifest ({path})"
