@@ -73,3 +73,67 @@ def test_check_passes_a_fast_workload_and_fails_a_slow_one(tmp_path: Path) -> No
     assert code == 0, out
     code, out = _call(check.command, "--until-ktoks", "1000M", "--", sys.executable, str(script))
     assert code == 1, out
+
+
+def _probe(tmp_path: Path, *flags: str) -> object:
+    from envbisect.cli import cli
+
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    logs = ["--log-dir", str(tmp_path / "logs")]
+    return CliRunner().invoke(
+        cli, ["probe", *logs, *flags, "python", str(script)], standalone_mode=False
+    )
+
+
+def test_probe_takes_runs_json_spelling_and_keeps_format_json(tmp_path: Path) -> None:
+    """``probe --json -- python s.py``: JSON on stdout (the command not misread as an
+    interpreter); ``--json FILE``: the file, text on stdout; ``--format json`` as before."""
+    alone = _probe(tmp_path, "--python", sys.executable, "--json", "--")
+    assert alone.exception is None and alone.return_value == 0, alone.output
+    assert json.loads(alone.stdout)["exit_status"] == 0
+    out = tmp_path / "facts.json"
+    to_file = _probe(tmp_path, "--python", sys.executable, "--json", str(out), "--")
+    assert to_file.exception is None and to_file.return_value == 0, to_file.output
+    assert json.loads(out.read_text())["exit_status"] == 0
+    assert "program output: " in to_file.stdout and not to_file.stdout.startswith("{")
+    old = _probe(tmp_path, "--python", sys.executable, "--format", "json", "--")
+    assert old.return_value == 0 and json.loads(old.stdout)["exit_status"] == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["probe", "--json", "python", "s.py"],
+            "--json python: that is the command, not a file; write --json -- python ... "
+            "(JSON on stdout) or --json FILE -- python ...",
+        ),
+        (
+            ["probe", "--jsn", "--", "python", "s.py"],
+            "probe has no option --jsn; the command to run goes after --",
+        ),
+        (
+            ["run", "--good", "g.yaml", "--format", "json", "--", "python", "s.py"],
+            "run has no option --format: machine-readable output is --json PATH ('-': stdout); "
+            "the command to run goes after --",
+        ),
+        (
+            ["check", "--until-ktoks", "1k", "--json", "-", "--", "python", "s.py"],
+            "check has no option --json: only run and probe write JSON (--json PATH); "
+            "the command to run goes after --",
+        ),
+    ],
+)
+def test_a_misplaced_output_option_is_one_line_and_exit_2(
+    tmp_path: Path, argv: list[str], said: str
+) -> None:
+    import subprocess
+
+    (tmp_path / "g.yaml").write_text("")
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", *argv],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"envbisect: error: {said}"]

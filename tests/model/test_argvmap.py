@@ -116,3 +116,36 @@ def test_only_a_bare_python_is_replaced_by_the_states_interpreter(world: dict[st
     assert m.argv(["python3.12", "-V"], "/v/bin/python")[0] == "/v/bin/python"
     assert m.argv(["/usr/bin/python3", "-V"], "/v/bin/python")[0] == "/usr/bin/python3"
     assert m.argv(["bash", "-c", "true"], "/v/bin/python")[0] == "bash"
+
+
+def test_dash_m_from_the_parent_imports_the_states_copy(world: dict[str, Path]) -> None:
+    """``python -m repo.pkg.mod`` typed from the parent: the package is imported from the
+    worktree (a real interpreter runs the mapped argv), args and ``__main__`` as ``-m``."""
+    import subprocess
+    import sys
+
+    ws, repo, wt = world["ws"], world["repo"], world["wt"]
+    shown = "import sys; print(__name__, __file__, sys.argv[1:], sys.path[0])\n"
+    for root in (repo, wt):
+        (root / "pkg").mkdir(parents=True, exist_ok=True)
+        (root / "pkg" / "__init__.py").write_text("")
+        (root / "pkg" / "mod.py").write_text(shown)
+    argv = _from_parent(world).argv(["python3", "-u", "-m", "repo.pkg.mod", "--lr", "1"], "/py")
+    assert argv[:3] == ["/py", "-u", "-c"] and argv[4:] == ["repo.pkg.mod", "--lr", "1"]
+    argv[0] = sys.executable
+    out = subprocess.run(argv, cwd=ws, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["__main__", f"{wt}/pkg/mod.py", "['--lr',", "'1']", str(ws)]
+    # From inside the repo the cwd is the worktree: -m is left as typed there.
+    inside = _from_inside(world).argv(["python", "-m", "pkg.mod"], "/py")
+    assert inside == ["/py", "-m", "pkg.mod"]
+    # A module outside every moved tree, and a script, are untouched.
+    assert _from_parent(world).argv(["python", "-m", "json.tool"], "/py") == [
+        "/py",
+        "-m",
+        "json.tool",
+    ]
+    assert _from_parent(world).argv(["bash", "-m", "repo.pkg.mod"]) == [
+        "bash",
+        "-m",
+        "repo.pkg.mod",
+    ]

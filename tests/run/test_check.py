@@ -5,6 +5,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from envbisect.cli import cli
@@ -332,3 +333,87 @@ def test_children_left_by_a_smoke_command_that_exits_normally_are_ended(tmp_path
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.05)
     assert not any(_alive(p) for p in pids)
+
+
+# The script knows which interpreter runs it: fast in the target venv, a crash elsewhere.
+_WHICH_PYTHON = """import sys
+if sys.prefix != {prefix!r}:
+    raise SystemExit("ran by " + sys.executable + ", not the target venv")
+print("20000 tok/s")
+"""
+
+
+def _target_venv_manifest(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A venv that is not on PATH, a manifest ``snapshot`` took of it, and a script that
+    only succeeds under it."""
+    from tests.helpers_run import make_venv
+
+    venv = make_venv(tmp_path / "target", tmp_path / "no-wheels")
+    manifest = tmp_path / "state.yaml"
+    snap = CliRunner().invoke(
+        cli,
+        ["snapshot", "--python", str(venv / "bin" / "python"), "-o", str(manifest)],
+        standalone_mode=False,
+    )
+    assert snap.exception is None, snap.output
+    script = tmp_path / "s.py"
+    script.write_text(_WHICH_PYTHON.format(prefix=str(venv)))
+    return venv, manifest, script
+
+
+def test_check_runs_the_interpreter_the_manifest_recorded_not_the_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``check -- python s.py``: the bare ``python`` is the manifest's interpreter (given
+    with --manifest, or envbisect.yaml's good:), like run; without one it is PATH's."""
+    venv, manifest, script = _target_venv_manifest(tmp_path)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    monkeypatch.chdir(tmp_path)
+    base = ["check", "--until-ktoks", "1k", "--metric-regex", "([0-9.]+) tok/s", "--repeats", "1"]
+    cmd = ["--", "python", str(script)]
+    runner = CliRunner()
+    given = runner.invoke(cli, [*base, "--manifest", str(manifest), *cmd], standalone_mode=False)
+    assert given.exception is None and given.return_value == 0, given.output
+    assert given.stdout.startswith("good: median 20,000 tok/s")
+    config = tmp_path / "conf" / "envbisect.yaml"
+    config.parent.mkdir()
+    config.write_text(f"good: {manifest}\n")
+    from_config = runner.invoke(cli, [*base, "--config", str(config), *cmd], standalone_mode=False)
+    assert from_config.exception is None and from_config.return_value == 0, from_config.output
+    # Without a manifest the PATH's python runs it, and the script says so.
+    bare = runner.invoke(cli, [*base, *cmd], standalone_mode=False)
+    assert bare.return_value == 125, bare.output
+    assert f"ran by {Path(sys.executable).parent}" in bare.stdout
+    # --python still wins over the manifest.
+    other = runner.invoke(
+        cli, [*base, "--manifest", str(manifest), "--python", sys.executable, *cmd],
+        standalone_mode=False,
+    )  # fmt: skip
+    assert other.return_value == 125, other.output
+
+
+def test_check_says_in_one_line_when_the_recorded_interpreter_is_gone(tmp_path: Path) -> None:
+    _venv, manifest, script = _target_venv_manifest(tmp_path)
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(manifest.read_text().replace(str(tmp_path / "target"), "/nowhere"))
+    res = subprocess.run(
+        [sys.executable, "-m", "envbisect", "check", "--until-ktoks", "1k",
+         "--manifest", str(moved), "--", "python", str(script)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"envbisect: error: no --python given and the interpreter the manifest {moved} "
+        "recorded (/nowhere/bin/python) is not here: give --python PATH"
+    ]
+    # Through a layer the recorded path is not this machine's to check: said, not guessed.
+    res = subprocess.run(
+        [sys.executable, "-m", "envbisect", "check", "--until-ktoks", "1k", "--via", "env",
+         "--manifest", str(manifest), "--", "python", str(script)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "envbisect: error: --manifest picks the interpreter it recorded on this machine; "
+        "through --via give the target's with --python"
+    ]

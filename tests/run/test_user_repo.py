@@ -57,6 +57,8 @@ def _assert_found_the_slow_commit(w: UserRepo, code: int, doc: dict, out: str) -
         ("repo", ("python", "train.py", "--data", "data/x.jsonl")),
         ("elsewhere", ("python", "{repo}/train.py", "--data", "{repo}/data/x.jsonl")),
         ("parent", ("bash", "-c", "python repo/train.py --data repo/data/x.jsonl")),
+        ("parent", ("python", "-m", "repo.train", "--data", "repo/data/x.jsonl")),
+        ("repo", ("python3", "-m", "train", "--data", "data/x.jsonl")),
     ],
 )
 def test_every_form_of_the_command_runs_every_trial_and_finds_the_commit(
@@ -131,7 +133,7 @@ def test_check_says_125_with_the_commands_own_line(world: UserRepo) -> None:
     )  # fmt: skip
     assert res.returncode == 125, res.stdout + res.stderr
     assert "the smoke command fails in the current state: " in res.stdout
-    assert "can't open file" in res.stdout and "argv: python3 repo/trian.py" in res.stdout
+    assert "can't open file" in res.stdout and f"argv: {world.python} repo/trian.py" in res.stdout
 
 
 def _print_command(w: UserRepo, cwd: Path, *flags: str) -> str:

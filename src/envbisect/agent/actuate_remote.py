@@ -237,7 +237,59 @@ def op_available(params):
     return {"missing": missing}
 
 
+def op_torch_requires(params):
+    """The version and ``Requires-Dist`` of the torch a state runs, read from its overlay
+    venv (``venv``: its site-packages, then its link farm), else from ``location`` (the
+    target's own site-packages); ``{"version": None}`` when none is found."""
+    import email.parser
+    import glob
+
+    dirs = []
+    if params.get("venv"):
+        dirs += sorted(glob.glob(os.path.join(params["venv"], "lib", "python*", "site-packages")))
+        dirs.append(os.path.join(params["venv"], "base-site"))
+    elif params.get("location"):
+        dirs.append(params["location"])
+    for d in dirs:
+        for meta in sorted(glob.glob(os.path.join(d, "torch-*.dist-info", "METADATA"))):
+            try:
+                with open(meta, encoding="utf-8", errors="replace") as fh:
+                    msg = email.parser.Parser().parse(fh, headersonly=True)
+            except OSError:
+                continue
+            if (msg.get("Name") or "").lower() == "torch":
+                return {
+                    "version": msg.get("Version"),
+                    "requires": msg.get_all("Requires-Dist") or [],
+                }
+    return {"version": None}
+
+
+def op_compile(params):
+    """``uv pip compile`` of one ``requirement`` with its dependencies, by uv on this machine
+    for ``python_version`` with the sources' options ``args``: its output, or uv's last
+    line as ``error``."""
+    argv = list(params["uv"]) + ["pip", "compile", "-q", "--no-header", "--no-annotate", "-"]
+    argv += ["--python-version", params["python_version"]] + list(params.get("args") or ())
+    try:
+        proc = subprocess.run(
+            argv,
+            input=params["requirement"] + "\n",
+            capture_output=True,
+            text=True,
+            timeout=params.get("timeout_s", 300),
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+    if proc.returncode != 0:
+        return {"error": output_tail(proc.stderr)}
+    return {"stdout": proc.stdout}
+
+
 _OPS = {
+    "compile": op_compile,
+    "torch_requires": op_torch_requires,
     "available": op_available,
     "probe": op_probe,
     "inspect": op_inspect,

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 import click
 
 from envbisect.commands.common import (
+    command_words,
     config_option,
     load_config,
     metric_regex_option,
+    recorded_interpreter,
     resolve_target,
     resolve_threshold,
     smoke_command,
@@ -36,6 +38,13 @@ if TYPE_CHECKING:
 )
 @timeout_option
 @metric_regex_option
+@click.option(
+    "--manifest",
+    "manifest_path",
+    metavar="PATH",
+    help="The state's manifest: without --python, its recorded interpreter runs the command "
+    "(a bare python in CMD, the built-in smoke test); default: good: in envbisect.yaml.",
+)
 @target_options
 @config_option
 @click.argument("smoke_argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ...]")
@@ -52,6 +61,7 @@ def command(
     target_name: str | None,
     print_command: bool,
     config_path: str | None,
+    manifest_path: str | None,
     smoke_argv: tuple[str, ...],
 ) -> int:
     """Measure the current state once: exit 0 good, 1 bad, 125 cannot test.
@@ -64,6 +74,7 @@ def command(
     from envbisect.model.errors import UsageError
     from envbisect.run.check import check
 
+    smoke_argv = command_words(smoke_argv, "check")
     config = load_config(config_path)
     goal = resolve_threshold(until_ktoks, until, config, relative=False)
     if goal.value is None:
@@ -75,8 +86,14 @@ def command(
     if repeats < 1:
         raise UsageError("--repeats must be at least 1")
     transport, py = resolve_target(config, python, via, target_name)
+    if python is None and target_name is None:
+        py = recorded_interpreter(transport, py, manifest_path, config)
     smoke = smoke_command(
-        smoke_argv, config, metric_regex, no_probe=no_probe, warmup_lines=warmup_lines
+        command_words(smoke_argv, "check"),
+        config,
+        metric_regex,
+        no_probe=no_probe,
+        warmup_lines=warmup_lines,
     )
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))

@@ -245,6 +245,101 @@ def resolve_target(
     return transport, python or target_python or DEFAULT_PYTHON
 
 
+def recorded_interpreter(
+    transport: Transport, py: str, manifest: str | None, config: Config
+) -> str:
+    """The interpreter of a command that names no ``--python``/``--target``: on a local
+    target the one ``manifest`` (else envbisect.yaml's ``good:``) recorded, like ``run``;
+    else ``py``; resolved once where typed (``envbisect.model.interpreter``)."""
+    from envbisect.model import interpreter
+    from envbisect.model.errors import UsageError
+
+    local = not transport.layers
+    if manifest and not local:
+        raise UsageError(
+            "--manifest picks the interpreter it recorded on this machine; through --via "
+            "give the target's with --python"
+        )
+    path = Path(manifest) if manifest else getattr(config, "good", None)
+    if local and path is not None:
+        what = f"the manifest {path}" if manifest else f"the good manifest ({path})"
+        py = interpreter.recorded_in(path, what) or py
+    return interpreter.resolve_given(py, local=local)
+
+
+def json_output_options(func: F) -> F:
+    """``--json [PATH]`` (one spelling with run's ``--json PATH``) and the older
+    ``--format text|json``, which stays."""
+    func = click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        help="text, or json: the same as --json alone.",
+    )(func)
+    return click.option(
+        "--json",
+        "json_path",
+        metavar="[PATH]",
+        is_flag=False,
+        flag_value="-",
+        default=None,
+        help="Write the result as JSON to PATH; alone or '-': to stdout, instead of the text.",
+    )(func)
+
+
+def check_json_path(json_path: str | None) -> None:
+    """A ``--json PATH`` that cannot be written is said before anything runs."""
+    from envbisect.model.argvmap import PYTHON_NAME
+    from envbisect.model.errors import UsageError
+    from envbisect.model.manifest import check_writable
+
+    if json_path and PYTHON_NAME.fullmatch(json_path):
+        # ``--json python s.py``: the interpreter was taken for the file to write.
+        raise UsageError(
+            f"--json {json_path}: that is the command, not a file; write --json -- "
+            f"{json_path} ... (JSON on stdout) or --json FILE -- {json_path} ..."
+        )
+    if json_path and json_path != "-":
+        check_writable("--json", Path(json_path))
+
+
+def emit_json(document: str, json_path: str | None, fmt: str) -> bool:
+    """``--json PATH`` written; True when the JSON went to stdout in place of the text."""
+    from envbisect.model.manifest import atomic_write_text
+
+    if json_path and json_path != "-":
+        atomic_write_text(Path(json_path), document + "\n")
+    if fmt == "json" or json_path == "-":
+        click.echo(document)
+        return True
+    return False
+
+
+# What an option a verb does not have most likely meant there.
+_OPTION_HINTS = {
+    "--format": "machine-readable output is --json PATH ('-': stdout)",
+    "--json": "only run and probe write JSON (--json PATH)",
+}
+
+
+def command_words(argv: Sequence[str], verb: str) -> tuple[str, ...]:
+    """The command after ``--``; UsageError when its first word is an option this verb does
+    not know (click hands unknown options over as the command's words, and no command's
+    program starts with ``-``)."""
+    from envbisect.model.errors import UsageError
+
+    if argv and argv[0].startswith("-"):
+        name = argv[0].split("=", 1)[0]
+        hint = _OPTION_HINTS.get(name)
+        raise UsageError(
+            f"{verb} has no option {name}"
+            + (f": {hint}" if hint else "")
+            + "; the command to run goes after --"
+        )
+    return tuple(argv)
+
+
 def composed_command(transport: Transport, python: str, argv: Sequence[str] = ("-",)) -> str:
     """What ``--print-command`` prints: the exact command line that runs ``python argv...``
     through the chain, safe to paste into bash or zsh (the program itself goes on stdin)."""

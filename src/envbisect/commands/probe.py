@@ -9,7 +9,11 @@ from pathlib import Path
 import click
 
 from envbisect.commands.common import (
+    check_json_path,
+    command_words,
     config_option,
+    emit_json,
+    json_output_options,
     load_config,
     resolve_target,
     target_options,
@@ -18,13 +22,14 @@ from envbisect.commands.common import (
 
 
 @click.command("probe", context_settings={"ignore_unknown_options": True})
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@json_output_options
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 @timeout_option
 @target_options
 @config_option
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD ...")
 def command(
+    json_path: str | None,
     fmt: str,
     log_dir: Path | None,
     timeout_s: float,
@@ -38,12 +43,15 @@ def command(
     """Run CMD (python train.py ..., python -m pkg ..., torchrun ...) once under the probe
     and print what torch.compile, flex_attention, the FX tracing flag, threads, CUDA memory
     and warnings did. The program's output is kept in the log directory. Exit status: the
-    program's (0 when it succeeded, 1 otherwise).
+    program's (0 when it succeeded, 1 otherwise). --json [PATH] writes the facts as JSON,
+    as run's --json does (--format json: the same on stdout).
     """
     from envbisect.model.facts import describe
     from envbisect.run.probed import probe_command, shown
 
+    argv = command_words(argv, "probe")
     config = load_config(config_path)
+    check_json_path(json_path)
     transport, py = resolve_target(config, python, via, target_name)
     if print_command:
         from envbisect.run.probed import wrap
@@ -52,9 +60,8 @@ def command(
         return 0
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="envbisect-probe-"))
     run = probe_command(argv, transport=transport, python=py, timeout_s=timeout_s, log_dir=log_dir)
-    if fmt == "json":
-        click.echo(json.dumps(run.as_dict(), indent=2, sort_keys=True))
-    else:
+    document = json.dumps(run.as_dict(), indent=2, sort_keys=True)
+    if not emit_json(document, json_path, fmt):
         lines = describe(run.facts) if run.facts else ["no facts came back (see the logs)"]
         if run.timed_out:
             lines.append(f"timed out after {timeout_s:g} s")

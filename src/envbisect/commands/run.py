@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from envbisect.commands.common import (
+    command_words,
     config_option,
     load_config,
     metric_regex_option,
@@ -174,6 +175,7 @@ def command(**flags: Any) -> int:
     from envbisect.snapshot.when import parse_as_of
 
     args = RunFlags(**flags)
+    args = replace(args, smoke_argv=command_words(args.smoke_argv, "run"))
     when = parse_as_of(args.good_as_of) if args.good_as_of else None
     if when is not None and args.good:
         raise UsageError("--good and --good-as-of: give one good state")

@@ -8,7 +8,13 @@ from typing import Any
 
 import click
 
-from envbisect.commands.common import config_option, resolve_target, seconds, target_options
+from envbisect.commands.common import (
+    config_option,
+    json_output_options,
+    resolve_target,
+    seconds,
+    target_options,
+)
 from envbisect.run.smoke import ATTN_BACKENDS, PRESETS
 
 
@@ -89,7 +95,7 @@ def _load_config(config_path: str | None) -> Any:
 )
 @click.option("--timeout", "timeout_s", default=900.0, callback=seconds)
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@json_output_options
 @target_options
 @config_option
 def command(
@@ -97,6 +103,7 @@ def command(
     env_pairs: tuple[str, ...],
     timeout_s: float,
     log_dir: Path | None,
+    json_path: str | None,
     fmt: str,
     python: str | None,
     via: tuple[str, ...],
@@ -112,12 +119,13 @@ def command(
     (compile, recompiles, flex fallback, memory). Exit 0 ok, 1 the run failed (crash, OOM),
     2 bad input.
     """
-    from envbisect.commands.common import composed_command
+    from envbisect.commands.common import check_json_path, composed_command, emit_json
     from envbisect.run.smoke import build_params, parse_env, run_smoke, summary_lines
 
     config = _load_config(config_path)
     transport, target_python = resolve_target(config, python, via, target_name)
     env = parse_env(env_pairs)
+    check_json_path(json_path)
     if print_command:
         click.echo(composed_command(transport.with_env(env), target_python))
         return 0
@@ -125,8 +133,6 @@ def command(
     outcome = run_smoke(
         transport, target_python, params, timeout_s=timeout_s, log_dir=log_dir, env=env
     )
-    if fmt == "json":
-        click.echo(json.dumps(outcome.result, sort_keys=True, indent=2))
-    else:
+    if not emit_json(json.dumps(outcome.result, sort_keys=True, indent=2), json_path, fmt):
         click.echo("\n".join(summary_lines(outcome)))
     return outcome.exit_code

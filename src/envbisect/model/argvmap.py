@@ -13,6 +13,12 @@ in. :class:`PathMapper` rewrites it so that it runs the same program in every st
   pipes and ``$VARS`` stay as written); ``sh script.sh`` is an ordinary word;
 - ``PYTHONPATH`` entries map the same way, so ``python -m pkg.mod`` imports the state's
   package (through the cwd it does so already, the cwd being mapped);
+- ``python -m repo.mod`` typed from the repo's parent (the cwd stays there, and a package
+  cannot be renamed to the worktree's directory) runs as ``python -c FINDER repo.mod``:
+  a few lines that put a finder first on ``sys.meta_path`` importing ``repo`` (each
+  dotted prefix of the module that names a moved tree from the cwd) from the state's copy,
+  then run the module as ``-m`` would (``runpy._run_module_as_main``: ``__main__``,
+  ``sys.argv[0]`` the module's file, the cwd first on ``sys.path``);
 - a bare ``python``/``python3``/``python3.12`` as the program is the state's interpreter,
   never whatever ``python`` comes first on PATH.
 
@@ -104,9 +110,32 @@ class PathMapper:
                 out[i] = self.script(arg)
             elif i > 0 or "/" in arg:
                 out[i] = self.word(arg)
+        program = posixpath.basename(out[0])
+        if PYTHON_NAME.fullmatch(program) or (python and out[0] == python):
+            out = self.module(out)
         if python and PYTHON_NAME.fullmatch(out[0]):
             out[0] = python
         return out
+
+    def module(self, argv: list[str]) -> list[str]:
+        """A Python argv whose ``-m`` module sits in a moved tree seen from the command's
+        cwd, run from the state's copy (see the module doc); else ``argv`` unchanged."""
+        found = _dash_m(argv)
+        base = self.cwd or self.origin
+        if found is None or base is None:
+            return argv
+        at, name = found
+        roots: dict[str, str] = {}
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            live = posixpath.join(base, *parts[:i])
+            copy = self.mapped(live)
+            if copy is not None and copy != live:
+                roots[".".join(parts[:i])] = copy
+                break  # the outer tree moves everything below it
+        if not roots:
+            return argv
+        return [*argv[:at], "-c", _finder_code(roots), name, *argv[at + 2 :]]
 
     def search_path(self, value: str) -> str:
         """A ``PYTHONPATH``-style list with each entry mapped (entries are paths by name,
@@ -120,6 +149,61 @@ class PathMapper:
         if out.get("PYTHONPATH"):
             out["PYTHONPATH"] = self.search_path(out["PYTHONPATH"])
         return out
+
+
+_PY_VALUE_OPTS = frozenset(("-W", "-X", "--check-hash-based-pycs"))
+
+
+def _dash_m(argv: Sequence[str]) -> tuple[int, str] | None:
+    """(index of a separate ``-m`` word, the module) of a Python argv; None when the program
+    is a script, ``-c`` code, stdin, or ``-m`` is glued to its value or to other options."""
+    i = 1
+    while i < len(argv):
+        w = argv[i]
+        if w == "-m" and i + 1 < len(argv):
+            return i, argv[i + 1]
+        if not w.startswith("-") or w == "-" or w.startswith("-c") or w.startswith("-m"):
+            return None
+        i += 2 if w in _PY_VALUE_OPTS else 1
+    return None
+
+
+# Run as ``python -c CODE MODULE ARGS``; ``R``: dotted package name → the state's copy.
+_FINDER = """def _state_copy_main(roots):
+    import importlib.machinery, importlib.util, os, runpy, sys
+
+    class StateCopy:
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            d = roots.get(name)
+            if d is None:
+                return None
+            init = os.path.join(d, "__init__.py")
+            if os.path.isfile(init):
+                return importlib.util.spec_from_file_location(
+                    name, init, submodule_search_locations=[d]
+                )
+            spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            spec.submodule_search_locations = [d]
+            return spec
+
+    sys.meta_path.insert(0, StateCopy)
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.getcwd()
+    main = sys.modules["__main__"].__dict__
+    for key in list(main):
+        if key not in ("__builtins__", "__name__"):
+            del main[key]  # this code's names: the module starts with a clean __main__
+    del sys.argv[0]
+    runpy._run_module_as_main(sys.argv[0], alter_argv=True)
+
+
+_state_copy_main({roots!r})
+"""
+
+
+def _finder_code(roots: Mapping[str, str]) -> str:
+    return _FINDER.format(roots=dict(roots))
 
 
 def _is_c_flag(word: str) -> bool:

@@ -60,9 +60,11 @@ def store(blobs: Path, content: bytes) -> str:
     return sha
 
 
-def commit_facts(repo: str, commit: str) -> tuple[str | None, str | None]:
+def commit_facts(
+    repo: str, commit: str, via: gitcli.Exec | None = None
+) -> tuple[str | None, str | None]:
     """(subject, author date) of ``commit``; (None, None) when git cannot say."""
-    res = gitcli.commit_facts(repo, commit)
+    res = gitcli.commit_facts(repo, commit, via)
     lines = res.stdout.splitlines()
     if not res.ok or len(lines) < 3:
         return None, None
@@ -75,29 +77,30 @@ def file_history(
     heads: tuple[str, str],
     shas: tuple[str | None, str | None],
     blobs: Path,
+    via: gitcli.Exec | None = None,
 ) -> tuple[FileVersion, ...]:
     """The versions of file ``key`` (absolute, inside ``repo``) after the good commit, oldest
     first: one per commit of ``heads[0]..heads[1]`` that touched it, then the uncommitted
     edit when the bad content (``shas[1]``) is not the bad commit's. Each content is stored
     under ``blobs``. Empty when the history does not lead from the good content to the bad
     one (the good side had the file edited by hand, a commit lacks it, git fails): the unit
-    is then bisected as one change, as before."""
+    is then bisected as one change, as before. ``via``: the repo is on a target, read there."""
     rel = os.path.relpath(key, repo)
     good, bad = heads
     if not shas[0] or not shas[1] or rel.startswith(".."):
         return ()
-    start = gitcli.show_file(repo, good, rel)
+    start = gitcli.show_file(repo, good, rel, via=via)
     if start is None or hashlib.sha256(start).hexdigest() != shas[0]:
         return ()
-    listed = gitcli.file_commits(repo, good, bad, rel)
+    listed = gitcli.file_commits(repo, good, bad, rel, via)
     if not listed.ok:
         return ()
     out: list[FileVersion] = []
     for commit in listed.stdout.split():
-        content = gitcli.show_file(repo, commit, rel)
+        content = gitcli.show_file(repo, commit, rel, via=via)
         if content is None:
             return ()
-        subject, date = commit_facts(repo, commit)
+        subject, date = commit_facts(repo, commit, via)
         out.append(FileVersion(commit, store(blobs, content), len(content), subject, date))
     last = out[-1].sha256 if out else shas[0]
     if last != shas[1]:

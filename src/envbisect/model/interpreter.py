@@ -36,6 +36,12 @@ def recorded(good: Path, bad: Path | None) -> str | None:
     as it is now), checked to exist here; UsageError saying why not; None when the
     manifest records no interpreter path at all (written by hand, not by ``snapshot``)."""
     side, path = ("bad", bad) if bad is not None else ("good", good)
+    return recorded_in(path, f"the {side} manifest")
+
+
+def recorded_in(path: Path, what: str) -> str | None:
+    """The interpreter manifest ``path`` recorded, checked to exist here (``what`` names the
+    manifest in the UsageError); None when it records no interpreter path."""
     m = mf.load(path)
     exe = m.section("python").get("executable")
     if not isinstance(exe, str) or not exe:
@@ -45,7 +51,7 @@ def recorded(good: Path, bad: Path | None) -> str | None:
         return None  # a hand-written manifest: the caller's default applies
     if not os.access(exe, os.X_OK):
         raise UsageError(
-            f"no --python given and the interpreter the {side} manifest recorded ({exe}) "
+            f"no --python given and the interpreter {what} recorded ({exe}) "
             "is not here: give --python PATH"
         )
     return exe

@@ -1,8 +1,7 @@
 """Realize an in-between state: the good state with some units' changes applied.
 
-A state assigns every change of the diff a value: the bad manifest's value when its unit is
-applied, else the good manifest's. Each section has an actuator that makes that value real
-*for one trial* without changing the user's machine:
+A state gives every change the bad manifest's value when its unit is applied, else the good
+one's; each section makes that value real *for one trial*, never changing the machine:
 
 packages
     A uv venv per distinct package set, under ``<session>/venvs/<hash>/`` and reused when a
@@ -17,10 +16,9 @@ packages
     it, and nothing is ever written into the target environment. A uv failure makes the state
     unresolved ("build: ...") with uv's own message in the trial's ``build-venv.stderr``.
 git
-    ``git worktree add --detach <session>/worktrees/<repo>-<sha>`` at the state's commit; the
-    command runs there (its cwd mapped into the worktree) and absolute argv paths inside the
-    repo are rewritten. Uncommitted changes of the recorded state are *not* reproduced unless
-    their files are listed under ``files:`` (said in the notes).
+    ``git worktree add --detach <session>/worktrees/<repo>-<sha>`` at the state's commit;
+    argv paths into the repo name it (``argvmap``). Uncommitted changes are reproduced only
+    for files listed under ``files:`` (said in the notes).
 files
     Content from ``<blobs>/<sha256>``: the folder the snapshot recorded (``meta.blobs_dir``),
     else ``blobs/`` beside the manifest or one level up, else the run's ``manifests_dir``.
@@ -38,27 +36,21 @@ caches
     A cache that is part of the diff: cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/
     ``TRITON_CACHE_DIR`` under the trial dir; warm = a copy of the recorded dir (the user's
     own cache is never written to); either is removed when the trial ends. A cache that did
-    not change is used where the snapshot found it, never copied. A warm state whose
-    recorded dir is gone cannot be realized: said plainly.
+    not change is used where the snapshot found it, never copied.
 data
-    When the state wants the *old* version of a dataset and ``data_map`` in the config names
-    where it lives, every argv element that mentions the path is rewritten to the mapped
-    path, and ``ENVBISECT_DATA_<n>`` (n = position of the path among the manifest's sorted
-    data paths) holds the path to use, for scripts that read their data path from the
-    environment. Without a mapping the unit is not bisectable.
+    The *old* version of a dataset where ``data_map`` names it: argv paths rewritten to it,
+    ``ENVBISECT_DATA_<n>`` (n: its place among the manifest's sorted data paths) holds it.
+    Without a mapping the unit is not bisectable.
 
-Changes of the ``torch`` and ``probes`` sections are facts that follow from packages and
-files; they need no actuator of their own. Everything else (system, gpu, python, ...) is
-reported, never bisected.
+``torch`` and ``probes`` changes follow from packages and files (no actuator of their own);
+everything else (system, gpu, python, ...) is reported, never bisected.
 
 How: each section's realizer (``sections.<name>``, looked up by section name) turns the
 state's values into one plan (worktrees, file swaps, cache dirs, the overlay venv, the
 environment, argv path rewrites), the same for every target; an executor (``execute``)
 carries it out with the agent's operation code: in this process for a local target, shipped
-with ``Transport.run_agent`` (one operation per call) for a remote one.
-
-Remote targets (``--via``/``--target``): the same plans, carried out under a remote session
-directory; ``envbisect.realize.remote`` says what lives there and how ``reset`` finds it.
+with ``Transport.run_agent`` (one operation per call) under a remote session directory for
+a remote one (``envbisect.realize.remote`` says what lives there).
 """
 
 from __future__ import annotations
@@ -79,6 +71,7 @@ from envbisect.agent.actuate_common import FAILED, READY
 from envbisect.model.errors import ActuationError, TransportError
 from envbisect.model.failure import Failure
 from envbisect.model.files import FileEntry
+from envbisect.model.gitcli import Exec
 from envbisect.model.history import FileVersion, store
 from envbisect.model.manifest import Manifest
 from envbisect.model.plan import Context, FactQuery, Facts, Placement, Plan, Sandbox
@@ -90,7 +83,7 @@ from envbisect.realize.blobs import blob_dirs, find_blob
 from envbisect.realize.execute import Executor, LocalExecutor, RemoteExecutor, RemoteState
 from envbisect.realize.notes import env_holds, run_notes
 from envbisect.realize.plan import local_sandbox, make_plan, realizers, remote_sandbox
-from envbisect.realize.remote import AGENT, FAR_PATH, session_dir
+from envbisect.realize.remote import AGENT, FAR_PATH, git_exec, session_dir
 from envbisect.realize.variants import Variants, commit_ranges, realized_changes
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.sections.git import GitEntry
@@ -186,6 +179,12 @@ class Actuator:
     def remote(self) -> bool:
         """True when the target is reached through a layer chain."""
         return bool(self.transport.layers)
+
+    @property
+    def git_via(self) -> Exec | None:
+        """How the user's repos are read: here (None), or through the chain on the target."""
+        logs = self.session.root / "remote" / "git"
+        return git_exec(self.transport, logs) if self.remote else None
 
     def _executor(self) -> Executor:
         if not self.remote:
@@ -311,11 +310,12 @@ class Actuator:
 
     def file_versions(self) -> dict[str, tuple[FileVersion, ...]]:
         """file unit id → its versions after the good commit (``history.file_history``), for
-        a file inside a recorded repo whose commit changed; local targets only (the repo is
-        read here)."""
-        if self._states.versions or self.remote:
+        a file inside a recorded repo whose commit changed (the repo read where it is)."""
+        if self._states.versions:
             return self._states.versions
-        found = variants.file_versions(self.good, self.bad, self.units, self.variant_blobs)
+        found = variants.file_versions(
+            self.good, self.bad, self.units, self.variant_blobs, self.git_via
+        )
         for unit_id, versions in found.items():
             self._states.versions[unit_id] = versions
             self._states.files[unit_id] = [v.value() for v in versions]
@@ -419,10 +419,8 @@ class Actuator:
         return self._states.add_package(unit_id, values)
 
     def venv_of(self, applied: frozenset[str], positions: Mapping[str, int]) -> Path | None:
-        """Where the overlay venv of a state is (None: the state needs none, or the target is
-        remote); built once the state has been realized."""
-        if self.remote:
-            return None
+        """Where the overlay venv of a state is (on a remote target: its path there; None:
+        the state needs none); built once the state has been realized."""
         env = dict(self.base_env if self.base_env is not None else os.environ)
         sandbox = self._sandbox(self.session.root / "trials" / "preview", env)
         values = self.state_values(applied, positions)

@@ -15,8 +15,12 @@ per-trial environment reaches the far process through an innermost ``env`` layer
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
 
 from envbisect.model.events import RemoteEvent
+from envbisect.model.gitcli import Exec
 from envbisect.model.session import Session
 from envbisect.transport import Layer, Transport
 
@@ -60,3 +64,16 @@ def reset_remote(session: Session) -> list[str]:
         lines += [f"removed worktree {p} (via {where})" for p in out.get("worktrees") or ()]
         lines += [f"removed {p} (via {where})" for p in out.get("removed") or ()]
     return lines
+
+
+def git_exec(transport: Transport, log_dir: Path) -> Exec:
+    """A read-only git command run on the target (the user's repo is there, not here): the
+    same argv through the layer chain, its output logged under ``log_dir``."""
+    numbers = itertools.count(1)
+
+    def run(argv: Sequence[str], timeout_s: float) -> tuple[int, bytes, bytes]:
+        res = transport.run(argv, timeout_s=timeout_s, log_dir=log_dir, name=f"git-{next(numbers)}")
+        code = 124 if res.timed_out else res.returncode
+        return code, res.stdout(), res.stderr_path.read_bytes()
+
+    return run

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.model.files import FileEntry
+from envbisect.model.gitcli import Exec
 from envbisect.model.history import FileVersion, file_history
 from envbisect.model.manifest import Manifest
 from envbisect.sections.git import GitEntry, repo_of
@@ -124,11 +125,11 @@ def commit_ranges(
 
 
 def file_versions(
-    good: Manifest, bad: Manifest, units: Sequence[Any], blobs: Path
+    good: Manifest, bad: Manifest, units: Sequence[Any], blobs: Path, via: Exec | None = None
 ) -> dict[str, tuple[FileVersion, ...]]:
     """file unit id → its versions after the good commit (``history.file_history``, their
     contents stored under ``blobs``), for a file inside a recorded repo whose commit changed
-    (the repo is read here)."""
+    (the repo is read here, or through ``via`` on a remote target)."""
     out: dict[str, tuple[FileVersion, ...]] = {}
     repos = bad.section("git")
     for unit in units:
@@ -146,7 +147,7 @@ def file_versions(
         if not heads[0] or not heads[1] or heads[0] == heads[1] or None in entries:
             continue
         shas = (entries[0].sha256, entries[1].sha256)  # type: ignore[union-attr]
-        versions = file_history(repo, key, (heads[0], heads[1]), shas, blobs)
+        versions = file_history(repo, key, (heads[0], heads[1]), shas, blobs, via)
         if versions:
             out[unit.id] = versions
     return out

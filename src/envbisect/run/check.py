@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from envbisect.model.argvmap import PathMapper
 from envbisect.model.failure import Failure
 from envbisect.run import cmdcheck
 from envbisect.run.launch import RunLog, RunSpec, SmokeCommand, run_once
@@ -78,7 +79,8 @@ def check(
     timeout_s: float = 600,
     log_root: Path | None = None,
 ) -> CheckResult:
-    """Measure the current state ``repeats`` times; logs kept only when something failed."""
+    """Measure the current state ``repeats`` times; logs kept only when something failed.
+    A bare ``python…`` program in the command runs ``python``, never the PATH's first."""
     log_dir = Path(tempfile.mkdtemp(prefix="envbisect-check-", dir=log_root))
     samples: list[float] = []
     failure: Failure | None = None
@@ -94,6 +96,8 @@ def check(
             log_dir=log_dir,
             name=f"run-{k}",
             samples=repeats - len(samples),
+            # A bare ``python`` in the command is this state's interpreter, as in ``run``.
+            argv_map=lambda argv: PathMapper().argv(argv, python),
         )
         runs: list[RunLog] = []
         m = run_once(smoke, spec, record=runs.append)

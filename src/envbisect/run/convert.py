@@ -141,7 +141,7 @@ def _details(unit: Unit, commit: str | None, context: RunContext) -> tuple[str, 
             good=actuator.good,
             bad=actuator.bad,
             blob=actuator.blob,
-            local=not context.options.transport.layers,
+            via=actuator.git_via,
         )
     except (OSError, ValueError) as exc:
         return (f"(cannot show the change: {exc})",)

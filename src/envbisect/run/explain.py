@@ -47,11 +47,16 @@ def file_diff(
 
 
 def commit_lines(
-    repo: str, old: str, new: str, first_bad: str | None, limit: int = COMMITS
+    repo: str,
+    old: str,
+    new: str,
+    first_bad: str | None,
+    limit: int = COMMITS,
+    via: gitcli.Exec | None = None,
 ) -> list[str]:
     """``old..new`` with one line per commit (oldest first, the first bad one marked), read
-    from the local repo; a note when it cannot be read."""
-    proc = gitcli.log_subjects(repo, old, new)
+    from the repo where it is (``via``: on the target); a note when it cannot be read."""
+    proc = gitcli.log_subjects(repo, old, new, via)
     head = f"commits {old[:12]}..{new[:12]} in {repo}"
     if proc.returncode != 0:
         return [f"{head}: cannot be listed here ({proc.stderr.strip()[:120] or 'git failed'})"]
@@ -98,7 +103,7 @@ def details(
     good: Any,
     bad: Any,
     blob: Callable[[Any, dict[str, Any]], Path | None],
-    local: bool,
+    via: gitcli.Exec | None = None,
 ) -> tuple[str, ...]:
     """The lines that show what ``unit`` changed (see the module docstring)."""
     out: list[str] = []
@@ -112,10 +117,8 @@ def details(
         elif c.section == "git":
             g = GitEntry.of(good.section("git").get(c.key)).head
             b = GitEntry.of(bad.section("git").get(c.key)).head
-            if g and b and local:
-                out += commit_lines(str(c.key), str(g), str(b), commit)
-            elif g and b:
-                out.append(f"commits {str(g)[:12]}..{str(b)[:12]} in {c.key} (on the target)")
+            if g and b:
+                out += commit_lines(str(c.key), str(g), str(b), commit, via=via)
     return tuple(out)
 
 

@@ -300,14 +300,41 @@ def _releases(actuator: Actuator) -> Releases:
 
 def _resolver(actuator: Actuator) -> Resolve | None:
     """What a release of torch pins, resolved by uv against the run's package sources for
-    the target's python (None: no uv here)."""
+    the target's python (None: no uv here); on a remote target by the target's own uv."""
     from envbisect.search.releases import uv_resolver
 
+    if actuator.remote:
+        return _far_resolver(actuator)
     try:
         uv = actuator.uv_path()
     except EnvBisectError:
         return None
     return uv_resolver(uv, uv_args(actuator.package_sources()), actuator.target().version)
+
+
+def _far_resolver(actuator: Actuator) -> Resolve | None:
+    """``_resolver`` on a remote target: its uv, its view of the sources (paths, network,
+    cache), as the venvs it builds see them (None: no uv there)."""
+    from envbisect.snapshot.resolver import compiled_pins
+
+    target = actuator.target()
+    if target.uv is None:
+        return None
+    far_uv, args = list(target.uv), uv_args(actuator.package_sources())
+
+    def resolve(requirement: str) -> Mapping[str, str]:
+        params = {
+            "uv": far_uv,
+            "python_version": target.version,
+            "requirement": requirement,
+            "args": args,
+        }
+        got = actuator.agent("compile", params, actuator.session.root / "remote", "resolve")
+        if got.get("error"):
+            raise ActuationError(f"uv pip compile on the target: {got['error']} ({requirement})")
+        return compiled_pins(str(got.get("stdout") or ""))
+
+    return resolve
 
 
 def _abandon(

@@ -171,9 +171,10 @@ def _commit_change(actuator: Any, narrowed: Narrowed, core: frozenset[str]) -> _
     listed = {str(c.key) for c in git_unit.changes if c.section == "files"}
     commits = actuator.ordered()[unit]
     before = commits[p - 1] if p > 0 else GitEntry.of(actuator.good.section("git").get(repo)).head
-    if actuator.remote or not before or not listed:
+    if not before or not listed:
         return None
-    changed = changed_files(repo, before, commits[p])
+    via = actuator.git_via  # the repo is read where it is: here, or on the target
+    changed = changed_files(repo, before, commits[p], via)
     if not any(os.path.join(repo, rel) in listed for rel in changed):
         return None
     own = {str(u.changes[0].key) for u in actuator.units if u.section == "files"}
@@ -181,7 +182,7 @@ def _commit_change(actuator: Any, narrowed: Narrowed, core: frozenset[str]) -> _
     hunks: list[Hunk] = []
     for rel in changed:
         key = os.path.join(repo, rel)
-        old, new = (show_file(repo, c, rel) for c in (before, commits[p]))
+        old, new = (show_file(repo, c, rel, via=via) for c in (before, commits[p]))
         text_old, text_new = (decode(c) if c is not None else None for c in (old, new))
         if key in own or text_old is None or text_new is None:
             continue
@@ -199,7 +200,7 @@ def _commit_change(actuator: Any, narrowed: Narrowed, core: frozenset[str]) -> _
         chosen = {k: c for k, c in contents.items() if c is not None}
         return State.of(core, {unit: actuator.add_commit_variant(unit, p - 1, chosen)})
 
-    subject, date = commit_facts(repo, commits[p])
+    subject, date = commit_facts(repo, commits[p], via)
     return _Change(
         unit, FileVersion(commits[p], "", 0, subject, date), repo, tuple(hunks), state_of
     )

@@ -277,19 +277,22 @@ class _Step:
 
 def _torch_metadata(actuator: Any, state: State) -> tuple[str, list[str]] | None:
     """(version, Requires-Dist) of the torch a state runs: from its overlay venv (the wheel
-    installed there, else the link farm of the target's), else the target's own."""
-    if actuator.remote:
-        return None  # its files are on the target, not here: no pins read
+    installed there, else the link farm of the target's), else the target's own; on a
+    remote target read there by the agent (its files are not here)."""
     venv = actuator.venv_of(frozenset(state.applied), dict(state.positions))
+    location = None
+    if venv is None:
+        with contextlib.suppress(Exception):  # a target that cannot be probed: no pins
+            torch = actuator.target().dists.get("torch")
+            location = str(torch["location"]) if torch is not None else None
+    if actuator.remote:
+        return _far_torch_metadata(actuator, venv, location)
     paths: list[str] = []
     if venv is not None:
         paths += [str(p) for p in sorted((venv / "lib").glob("python*/site-packages"))]
         paths.append(str(venv / "base-site"))
-    else:
-        with contextlib.suppress(Exception):  # a target that cannot be probed: no pins
-            torch = actuator.target().dists.get("torch")
-            if torch is not None:
-                paths.append(str(torch["location"]))
+    elif location is not None:
+        paths.append(location)
     paths = [p for p in paths if Path(p).is_dir()]
     if not paths:
         return None
@@ -297,6 +300,20 @@ def _torch_metadata(actuator: Any, state: State) -> tuple[str, list[str]] | None
         if canonicalize_name(dist.metadata["Name"] or "") == "torch":
             return dist.version, list(dist.requires or ())
     return None
+
+
+def _far_torch_metadata(
+    actuator: Any, venv: Path | None, location: str | None
+) -> tuple[str, list[str]] | None:
+    """The same, asked of the agent on the target; None when it cannot say."""
+    params = {"venv": str(venv) if venv is not None else None, "location": location}
+    log = actuator.session.root / "remote"
+    try:
+        got = actuator.agent("torch_requires", params, log, "pins", timeout_s=60)
+    except EnvBisectError:
+        return None
+    version = got.get("version")
+    return (str(version), [str(r) for r in got.get("requires") or ()]) if version else None
 
 
 def _cuda_note(comps: Sequence[Component], bad: Any) -> str | None:
