@@ -149,6 +149,7 @@ def _kept_world(tmp_path: Path) -> tuple[Path, Path, Path]:
     cache.mkdir()
     (tmp_path / "envbisect.yaml").write_text(
         f"caches: {{inductor: {cache}}}\nmanifests_dir: {tmp_path / 'manifests'}\n"
+        "keep_blobs: true\n"
     )
     env = {
         **os.environ,

@@ -61,9 +61,10 @@ from envbisect.commands.common import (
     default=None,
     metavar="SIZE|off",
     help="Keep each compile cache's content (inductor, triton) in the blob store, "
-    "content-addressed, when it holds at most SIZE (default: keep_caches: in envbisect.yaml, "
-    "else 512MiB): a run can then rebuild this state's warm cache exactly after the cache "
-    "was cleared. A larger cache is not kept, and the summary says so; 'off' keeps none.",
+    "content-addressed, when it holds at most SIZE (default: keep_caches: in envbisect.yaml; "
+    "else 512MiB where keep_blobs is on, none where it is off): a run can then rebuild this "
+    "state's warm cache exactly after the cache was cleared. A larger cache is not kept, and "
+    "the summary says so and how to raise the cap; 'off' keeps none.",
 )
 @target_options
 @config_option

@@ -23,7 +23,8 @@ CONFIG_NAME = "envbisect.yaml"
 
 # keep_blobs: true stores files up to this many bytes each.
 DEFAULT_BLOB_LIMIT = 1 << 20
-# keep_caches: a compile cache's content is kept by snapshot up to this many bytes.
+# keep_caches: a compile cache's content is kept by snapshot up to this many bytes (by
+# default when the user keeps contents at all, keep_blobs; keep_caches alone turns it on).
 DEFAULT_CACHE_CAP = 512 << 20
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -75,7 +76,7 @@ class Config:
     probes: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     keep_blobs: int | None = None  # max bytes per stored file; None: store nothing
-    keep_caches: int | None = DEFAULT_CACHE_CAP  # max bytes of a kept cache; None: keep none
+    keep_caches: int | None = None  # max bytes of a kept cache; None: keep none
     manifests_dir: Path = Path("manifests")
     targets: Mapping[str, Target] = field(default_factory=dict)
     good: Path | None = None
@@ -318,7 +319,9 @@ class _Validator:
         raise self.fail("keep_blobs", "true, false or a positive byte count", value)
 
     def keep_caches(self, data: dict[str, Any]) -> int | None:
-        value = data.get("keep_caches", True)
+        # Unset: on (with the default cap) where file contents are kept, else off: a
+        # snapshot never writes compile caches' gigabytes where nobody asked for contents.
+        value = data.get("keep_caches", bool(data.get("keep_blobs")))
         if value is False:
             return None
         if value is True:
