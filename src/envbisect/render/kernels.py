@@ -1,4 +1,5 @@
-"""Profiled steps as text: one run's table of kernels and ops, and a good/bad kernel diff.
+"""Profiled steps as text: one run's table of kernels and ops, a good/bad kernel diff, and
+``run --profile``'s lines in the terminal, the report and ``--json``.
 
 No logic beyond formatting; the numbers come from ``model.kernels``. Names are escaped
 (a kernel's name is whatever a library called it) and cut to fit one line.
@@ -6,10 +7,13 @@ No logic beyond formatting; the numbers come from ``model.kernels``. Names are e
 
 from __future__ import annotations
 
+from typing import Any
+
 from tabulate import tabulate
 
 from envbisect.model.escape import printable
 from envbisect.model.kernels import Change, KernelChange, KernelDiff, ProfileTable
+from envbisect.run.result import RunResult
 
 TABLE_ROWS = 15  # rows of one run's table shown in text
 DIFF_LINES = 10  # changes shown in the terminal and the report
@@ -81,3 +85,25 @@ def diff_lines(d: KernelDiff, n: int = DIFF_LINES) -> list[str]:
     out.append(f"  traces: good {d.good.trace or 'not written'}")
     out.append(f"          culprit {d.bad.trace or 'not written'}")
     return out
+
+
+def run_lines(result: RunResult) -> list[str]:
+    """``run --profile``'s lines under the culprit: the kernel diff's top, or why none."""
+    if result.kernels is not None:
+        return diff_lines(result.kernels)
+    return [result.kernels_note] if result.kernels_note else []
+
+
+def run_json(result: RunResult) -> dict[str, Any] | None:
+    """``run --profile``'s part of ``--json``: the whole diff, or why there is none."""
+    if result.kernels is not None:
+        return result.kernels.as_dict()
+    return {"note": result.kernels_note} if result.kernels_note else None
+
+
+def run_markdown(result: RunResult) -> list[str]:
+    """``run --profile``'s section of the report."""
+    lines = run_lines(result)
+    if not lines:
+        return []
+    return ["", "### Kernels and ops, good vs culprit (torch.profiler)", "", "```", *lines, "```"]
