@@ -164,3 +164,30 @@ def test_profile_diff_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and said in proc.stderr, proc.stderr
+
+
+def test_through_a_layer_the_table_comes_back_in_the_frame_and_the_trace_stays_there(
+    tmp_path: Path,
+) -> None:
+    from envbisect.transport import parse_layer
+
+    layered = Transport((parse_layer("env ENVBISECT_TEST_LAYER=1"),))
+    run = probe_command(
+        [PY, str(FIXTURES / "attn_train.py"), "7"],
+        transport=layered,
+        python=PY,
+        timeout_s=300,
+        log_dir=tmp_path / "logs",
+        profile=ProfileRequest(steps=2, skip=2),
+    )
+    prof = run.facts["profile"]
+    trace = Path(prof["trace"])
+    try:
+        # the target's temporary directory, not the log directory here
+        assert trace.parent == Path("/tmp") and trace.name.startswith("envbisect-probe-")
+        assert json.loads(trace.read_text())["traceEvents"]
+        assert (prof["steps"], prof["stopped"]) == (2, "after step 4")
+        kept = json.loads((tmp_path / "logs" / "probe.facts.json").read_text())
+        assert ProfileTable.from_facts(kept).steps == 2
+    finally:
+        trace.unlink(missing_ok=True)
