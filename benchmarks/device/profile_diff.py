@@ -20,13 +20,21 @@ most of it the good run's first inductor compile)::
 
 CPU plumbing mode (the same flow with the CPU sizes of ``user_repo.py``: a forward pass per
 step, as flex has no backward on the CPU, with ``optimizer.step()`` still called so the step
-boundary is there; the allocator cases change nothing on a CPU and say so)::
+boundary is there; one thread, OMP_NUM_THREADS=1, on a shared CPU; the allocator settings
+change nothing real on a CPU: what their diffs show there is the machine's noise)::
 
     PYTHONPATH=src python3 benchmarks/device/profile_diff.py OUTDIR --size cpu
 
 Writes OUTDIR/summary.md (each run's top table, each diff's top lines, the traces checked as
-Chrome trace JSON), OUTDIR/<case>.json (the full ``profile-diff --format json``) and
-OUTDIR/transcript.txt (every command and its time, and the stderr of any that failed).
+Chrome trace JSON), OUTDIR/<case>.json (the full ``profile-diff --format json``),
+OUTDIR/transcript.txt (every command and its time, and the stderr of any that failed) and
+OUTDIR/good.trace.json.gz, flex.trace.json.gz (the flex case's two traces, for Perfetto,
+when each fits in 15 MB): seven files.
+
+The same culprit through a whole bisection, ``run --profile`` (the kernel diff in the
+report's ``### Kernels and ops`` section and under ``kernels`` in run.json)::
+
+    PYTHONPATH=src python3 benchmarks/device/user_repo.py OUTDIR2 -- --profile
 """
 
 from __future__ import annotations
@@ -118,6 +126,20 @@ def trace_check(facts_file: Path) -> str:
     return f"trace {trace}: {len(events)} events ({kernels} device kernels), {mb:.1f} MB, valid"
 
 
+def keep_trace(facts_file: Path, dest: Path, limit: int = 15_000_000) -> str:
+    """The run's trace, gzipped into ``dest`` when it fits ``limit`` bytes; what was done."""
+    import gzip
+
+    trace = (json.loads(facts_file.read_text()).get("profile") or {}).get("trace")
+    if not trace or not Path(trace).exists():
+        return f"- {dest.name}: no trace to keep"
+    dest.write_bytes(gzip.compress(Path(trace).read_bytes(), 6))
+    if dest.stat().st_size > limit:
+        dest.unlink()
+        return f"- {dest.name}: not kept ({Path(trace).stat().st_size / 1e6:.0f} MB unzipped)"
+    return f"- kept {dest.name} ({dest.stat().st_size / 1e6:.1f} MB)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
@@ -138,6 +160,8 @@ def main() -> int:
         )
     os.chdir(ws)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(ws / "inductor")}
+    if args.size == "cpu":
+        env["OMP_NUM_THREADS"] = "1"  # a shared CPU: threads waiting on busy cores is noise
     summary = [f"# profile diffs ({args.size}, {args.steps} steps a run)", ""]
     t0 = time.monotonic()
     with (out / "transcript.txt").open("w", encoding="utf-8") as log:
@@ -156,6 +180,10 @@ def main() -> int:
             summary += ["", "```", text.rstrip(), "```", ""]
         summary += ["## traces", ""]
         summary += [f"- {name}: {trace_check(f)}" for name, f in [("good", good), *runs.items()]]
+        summary += [
+            keep_trace(f, out / f"{name}.trace.json.gz")
+            for name, f in [("good", good), ("flex", runs["flex"])]
+        ]
         summary += ["", "## the good run's table", "", "```"]
         summary += [_table_text(good).rstrip(), "```", ""]
         summary.append(f"wall time: {time.monotonic() - t0:.0f} s")
