@@ -12,7 +12,18 @@ import sys
 import click
 
 from envbisect import __version__
-from envbisect.commands import check, demo, diff, log, probe, reset, run, smoke, snapshot
+from envbisect.commands import (
+    check,
+    demo,
+    diff,
+    log,
+    probe,
+    profile_diff,
+    reset,
+    run,
+    smoke,
+    snapshot,
+)
 from envbisect.model.errors import EnvBisectError
 
 EPILOG = """\
@@ -46,6 +57,7 @@ for _command in (
     check.command,
     smoke.command,
     probe.command,
+    profile_diff.command,
     log.command,
     reset.command,
     demo.command,

@@ -41,6 +41,7 @@ import threading
 if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed program
     # run/probed.py's bootstrap runs this module and probe_facts under private names, so the
     # program never sees an ``envbisect`` package made up by the probe.
+    import _envbisect_probe_profile as profile
     from _envbisect_probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -54,6 +55,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
         tls,
     )
 else:
+    from envbisect.agent import profile
     from envbisect.agent.probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -315,6 +317,8 @@ def _install():
     with contextlib.suppress(ValueError, TypeError, AttributeError):
         if json.loads(os.environ.get(CONFIG_ENV) or "{}").get("serialize_compiles"):
             SEEN["serial"] = threading.RLock()
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        profile.configure(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
 
     shown = warnings.showwarning
 
@@ -338,7 +342,7 @@ def _install():
 
     threading.excepthook = thread_excepthook
     thread_no(threading.main_thread().ident)  # the main thread is thread 1
-    finder = _PostImport(dict(_HOOKS))
+    finder = _PostImport(profile.with_hooks(_HOOKS))
     for name in list(finder.hooks):
         if name in sys.modules:  # imported before us (a sitecustomize): hook it now
             _quietly(finder.hooks.pop(name), sys.modules[name])
@@ -358,6 +362,9 @@ def _deliver():
         data = facts()
     except Exception as exc:
         data = {"schema": SCHEMA, "source": "probe", "error": f"{type(exc).__name__}: {exc}"}
+    with contextlib.suppress(Exception):
+        if profile.STATE["config"] is not None:
+            data["profile"] = profile.facts()
     try:
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
     except ValueError:

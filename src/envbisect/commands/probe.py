@@ -24,6 +24,28 @@ from envbisect.commands.common import (
 @click.command("probe", context_settings={"ignore_unknown_options": True})
 @json_output_options
 @click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option(
+    "--profile",
+    "profile",
+    is_flag=True,
+    help="Run a few training steps under torch.profiler (a step ends when an optimizer's "
+    "step() returns); print the top kernels and ops, keep the Chrome trace in the log "
+    "directory.",
+)
+@click.option(
+    "--profile-steps",
+    type=click.IntRange(1, 20),
+    default=3,
+    show_default=True,
+    help="Steps profiled.",
+)
+@click.option(
+    "--profile-skip",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Warm-up steps before the profiler starts.",
+)
 @timeout_option
 @target_options
 @config_option
@@ -32,6 +54,9 @@ def command(
     json_path: str | None,
     fmt: str,
     log_dir: Path | None,
+    profile: bool,
+    profile_steps: int,
+    profile_skip: int,
     timeout_s: float,
     python: str | None,
     via: tuple[str, ...],
@@ -47,6 +72,7 @@ def command(
     as run's --json does (--format json: the same on stdout).
     """
     from envbisect.model.facts import describe
+    from envbisect.model.kernels import ProfileRequest
     from envbisect.run.probed import probe_command, shown
 
     argv = command_words(argv, "probe")
@@ -59,11 +85,27 @@ def command(
         click.echo(" ".join(shown(transport.compose(list(wrap(argv, py).argv)))))
         return 0
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="envbisect-probe-"))
-    run = probe_command(argv, transport=transport, python=py, timeout_s=timeout_s, log_dir=log_dir)
+    request = ProfileRequest(profile_steps, profile_skip) if profile else None
+    run = probe_command(
+        argv, transport=transport, python=py, timeout_s=timeout_s, log_dir=log_dir, profile=request
+    )
     document = json.dumps(run.as_dict(), indent=2, sort_keys=True)
     if not emit_json(document, json_path, fmt):
         lines = describe(run.facts) if run.facts else ["no facts came back (see the logs)"]
+        if profile and run.facts:
+            lines += _profile_lines(run.facts)
         if run.timed_out:
             lines.append(f"timed out after {timeout_s:g} s")
         click.echo("\n".join([*lines, f"program output: {log_dir}/probe.stdout, probe.stderr"]))
     return 0 if run.exit_status == 0 and not run.timed_out else 1
+
+
+def _profile_lines(facts: dict[str, object]) -> list[str]:
+    """The profiled steps' table, or the one line saying why there is none."""
+    from envbisect.model.kernels import ProfileTable
+    from envbisect.render.kernels import table_lines
+
+    try:
+        return table_lines(ProfileTable.from_facts(facts))
+    except ValueError as exc:
+        return [f"profile: {exc}"]

@@ -123,6 +123,14 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "dataset that each make training crash). Without it the run stops at the first cause "
     "and says when others remain.",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Once the culprit is confirmed, run its evidence (the good state and the culprit's "
+    "state) once each with a few training steps under torch.profiler, and show which "
+    "kernels and ops appeared, vanished or got slower (a step ends when an optimizer's "
+    "step() returns); the Chrome traces are kept in the session. Your own Python command.",
+)
 @session_option
 @click.option(
     "--resume", is_flag=True, help="Continue the session (after an interruption, or to add trials)."
@@ -268,6 +276,7 @@ class RunFlags:
     config_path: str | None
     smoke_argv: tuple[str, ...]
     trust: tuple[str, ...] = ()
+    profile: bool = False
 
     def options(
         self,
@@ -278,6 +287,7 @@ class RunFlags:
         smoke: SmokeCommand,
     ) -> RunOptions:
         """The run these flags ask for (the workers resolved on ``target``)."""
+        from envbisect.model.kernels import ProfileRequest
         from envbisect.run.options import RunOptions
         from envbisect.run.workers import resolve as resolve_workers
 
@@ -318,6 +328,7 @@ class RunFlags:
             recheck_loaded=self.recheck_loaded,
             cpu_threads=self.cpu_threads,
             trust=tuple(Path(p).absolute() for p in self.trust),
+            profile=ProfileRequest() if self.profile else None,
         )
 
 

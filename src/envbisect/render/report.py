@@ -19,6 +19,7 @@ from envbisect.model.escape import printable
 from envbisect.model.history import UNCOMMITTED, HunkCulprit
 from envbisect.model.metric import Threshold, format_ktok, format_tok
 from envbisect.model.session import Session
+from envbisect.render import kernels
 from envbisect.run.result import Culprit, RunResult, TrialRow
 
 # The --json document of ``run``; bump the number when a field changes meaning.
@@ -236,7 +237,7 @@ def why_lines(result: RunResult) -> list[str]:
 
 def render_text(result: RunResult) -> str:
     lines = [trial_table(result.trials), "", *summary_lines(result), *why_lines(result)]
-    text = "\n".join(lines) + "\n"
+    text = "\n".join([*lines, *kernels.run_lines(result)]) + "\n"
     return redact_text(text)
 
 
@@ -395,6 +396,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
         "outliers": [{"trial": t.index, "outlier": t.outlier} for t in result.trials if t.outlier],
         "machine": dict(result.machine),
         "next": next_command(result),
+        "kernels": kernels.run_json(result),
     }
 
 
@@ -513,6 +515,7 @@ def render_markdown(result: RunResult) -> str:
             lines.append("```")
         if c.hunk is not None:
             lines += hunk_section(c.hunk)
+    lines += kernels.run_markdown(result)
     lines += ["", "### Evidence", ""]
     culprits = {c.unit.id for c in result.culprits}
     lines += [explain_trial(r, culprits) for r in result.trials] or ["No trial was measured."]

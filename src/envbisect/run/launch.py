@@ -24,6 +24,7 @@ from typing import Any
 from envbisect.model.errors import TransportError
 from envbisect.model.facts import from_drafter
 from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricSpec, measure
 from envbisect.run import probed
 from envbisect.transport import Layer, LayerKind, Transport
@@ -75,6 +76,7 @@ class RunSpec:
     samples: int = 1  # timed windows asked of the one process
     pin: tuple[str, ...] = ()  # words put in front of the innermost command (taskset -c N)
     serialize_compiles: bool = False  # the probe compiles one thread at a time (warm-cache run)
+    profile: ProfileRequest | None = None  # a few steps under torch.profiler (run --profile)
 
     @property
     def remote(self) -> bool:
@@ -215,6 +217,9 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
             argv = list(wrapped.argv)
             delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
             delivery = replace(delivery, serialize=spec.serialize_compiles)
+            if spec.profile is not None:
+                trace = probed.trace_path(spec.log_dir, spec.name, spec.remote)
+                delivery = replace(delivery, profile=spec.profile.config(trace))
             run_env.update(delivery.env())
     # Logged as typed (the probe's bootstrap is a detail of how it ran: ``probed``).
     argv, logged = _placed(spec, argv), tuple(_placed(spec, typed))

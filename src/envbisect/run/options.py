@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envbisect.model.errors import UsageError
+from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import Threshold
 from envbisect.run.launch import SmokeCommand
 from envbisect.search import SearchSettings
@@ -51,6 +52,7 @@ class RunOptions:
     cwd: Path | None = None
     workers: tuple[Worker, ...] = ()  # (): one, the target
     trust: tuple[Path, ...] = ()  # foreign manifests the user accepted (--trust)
+    profile: ProfileRequest | None = None  # --profile: the culprit's evidence profiled
 
     def search_settings(self, ordered: Mapping[str, Sequence[str]], workers: int) -> SearchSettings:
         """What the engine is asked: these options, the ordered units, ``workers`` at once."""
@@ -85,6 +87,11 @@ def validate_options(options: RunOptions) -> None:
         raise UsageError("--resume and --fresh exclude each other: continue or replace")
     if options.max_trials is not None and options.max_trials < 2:
         raise UsageError("--max-trials must be at least 2 (the two endpoints come first)")
+    if options.profile is not None and (options.smoke.builtin or not options.smoke.probe):
+        raise UsageError(
+            "--profile needs your own Python command under the probe (after --; "
+            "not the built-in smoke test, not --no-probe)"
+        )
 
 
 def _findable(program: str, options: RunOptions) -> bool:

@@ -24,15 +24,17 @@ import os
 import re
 import secrets
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from envbisect.model.kernels import ProfileRequest
 from envbisect.transport.bundle import find_frame
 
 CONFIG_ENV = "ENVBISECT_PROBE"
 FACTS_SUFFIX = ".facts.json"
+TRACE_SUFFIX = ".trace.json"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$")
 _TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _TORCHRUN_FLAGS = frozenset(
@@ -52,12 +54,13 @@ _PY_NO_PROGRAM = frozenset(("-h", "-?", "--help", "--help-all", "-V", "--version
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
     """The ``-c`` program: the probe's sources (compressed, base64: no character any layer
-    quotes), each registered as a module of its own (``probe_facts`` first: ``probe`` imports
-    it), then ``main()``."""
+    quotes), each registered as a module of its own (``probe_facts`` and ``profile`` first:
+    ``probe`` imports them), then ``main()``."""
     agent = Path(__file__).parents[1] / "agent"
     register = []
     for name, file in (
         ("_envbisect_probe_facts", "probe_facts.py"),
+        ("_envbisect_probe_profile", "profile.py"),
         ("_envbisect_probe", "probe.py"),
     ):
         blob = base64.b64encode(zlib.compress((agent / file).read_bytes(), 9)).decode("ascii")
@@ -157,11 +160,13 @@ def _wrap_torchrun(words: list[str], start: int, python: str | None) -> Wrapped:
 class Delivery:
     """Where one run's facts come back: a file here, or a frame with a nonce on stdout;
     ``serialize``: the probe keeps the program's compiles and FX traces one thread at a time
-    (the run that makes a warm cache: threads compiling at once is the field's race)."""
+    (the run that makes a warm cache: threads compiling at once is the field's race);
+    ``profile``: the profiler's part of the probe config (``agent/profile.py``), if asked."""
 
     file: Path | None = None
     nonce: str | None = None
     serialize: bool = False
+    profile: dict[str, Any] | None = None
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -176,6 +181,8 @@ class Delivery:
         config: dict[str, Any] = {"result": str(self.file)} if self.file else {"nonce": self.nonce}
         if self.serialize:
             config["serialize_compiles"] = True
+        if self.profile:
+            config["profile"] = dict(self.profile)
         return {CONFIG_ENV: json.dumps(config)}
 
     def collect(
@@ -197,6 +204,14 @@ class Delivery:
         if data is not None:
             write_facts(log_dir / f"{name}{FACTS_SUFFIX}", data)
         return data, stdout
+
+
+def trace_path(log_dir: Path, name: str, remote: bool) -> str:
+    """Where a profiled run keeps its Chrome trace: beside its logs, or in the target's
+    temporary directory when it runs through layers (the log directory is here)."""
+    if remote:
+        return f"/tmp/envbisect-{name}-{secrets.token_hex(4)}{TRACE_SUFFIX}"
+    return str(log_dir.resolve() / f"{name}{TRACE_SUFFIX}")
 
 
 def read_facts(path: Path | None) -> dict[str, Any] | None:
@@ -266,9 +281,12 @@ def probe_command(
     python: str,
     timeout_s: float,
     log_dir: Path,
+    profile: ProfileRequest | None = None,
 ) -> ProbeRun:
     """Run ``argv`` once under the probe through ``transport``; the program's output goes
-    to ``log_dir`` (``probe.stdout``, ``probe.stderr``), its facts come back."""
+    to ``log_dir`` (``probe.stdout``, ``probe.stderr``), its facts come back; ``profile``:
+    a few steps under torch.profiler, the trace kept as ``probe.trace.json`` (on the target,
+    through layers)."""
     from envbisect.model.errors import UsageError
 
     wrapped = wrap(argv, python)
@@ -276,6 +294,8 @@ def probe_command(
         raise UsageError(f"cannot run {shlex_join(argv)} under the probe: {wrapped.why_not}")
     remote = bool(transport.layers)
     delivery = Delivery.for_run(log_dir, "probe", remote)
+    if profile is not None:
+        delivery = replace(delivery, profile=profile.config(trace_path(log_dir, "probe", remote)))
     env = None
     if remote:
         transport = transport.with_env(delivery.env())

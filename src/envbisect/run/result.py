@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from envbisect.model.events import TrialRecord
 from envbisect.model.history import HunkCulprit
+from envbisect.model.kernels import KernelDiff
 from envbisect.model.session import state_key
 from envbisect.run.launch import SmokeCommand
 from envbisect.run.shown import show_value
@@ -237,6 +238,10 @@ class RunResult:
     cwd: str | None = None
     uv: str = "uv"
     uv_args: tuple[str, ...] = ()
+    # run --profile: the culprit's evidence, good vs bad, kernel by kernel (model.kernels),
+    # or why there is none
+    kernels: KernelDiff | None = None
+    kernels_note: str | None = None
 
     @property
     def exit_code(self) -> int:

@@ -26,6 +26,7 @@ from envbisect.run.context import RunContext
 from envbisect.run.convert import run_result, step_rows, with_hunk, with_within
 from envbisect.run.endpoints import load_states, make_actuator
 from envbisect.run.options import RunOptions
+from envbisect.run.profiling import profile_culprit
 from envbisect.run.progress import Progress, ProgressLines, both_handlers, quiet
 from envbisect.run.result import RunOutcome, RunResult, TrialRow
 from envbisect.run.trial import TrialRunner
@@ -66,6 +67,7 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
         result = _search(context, tester, units, {u: ordered[u] for u in units if u in ordered})
         hunk, hunk_rows = _hunk_step(result, context, tester)
         within, within_rows = _package_step(result, context, tester)
+        kernels = profile_culprit(result, tester, options.profile, progress)
     except EnvBisectError as exc:
         # e.g. uv missing: nothing to resume from; leave no worktree behind (here or there).
         _abandon(session, actuator, tester, EndEvent("error", str(exc)))
@@ -82,6 +84,7 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
         atexit.unregister(_quietly)
     out = with_hunk(run_result(result, context, tester.index_of), hunk, hunk_rows)
     out = with_within(out, within, within_rows)
+    out = replace(out, kernels=kernels[0], kernels_note=kernels[1])
     if tester.fill_notes:  # how warm was made, said once in the report and --json
         out = replace(out, notes=(*out.notes, *dict.fromkeys(tester.fill_notes)))
     if actuator.kept:  # files the user edited while the run went on: said again at the end

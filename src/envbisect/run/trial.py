@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from envbisect.model.errors import CommandFailed
 from envbisect.model.events import TrialRecord
 from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import Measurement, format_ktok
 from envbisect.model.session import Session, state_key
 from envbisect.realize.actuate import Actuator, Realized
@@ -213,6 +214,22 @@ class TrialRunner:
         outcome = self._log(work, key, index)
         self._endpoint_guard(work, realized)
         return outcome
+
+    def profile(self, state: State, label: str, request: ProfileRequest) -> Path:
+        """One run of ``state`` under the profiler (``run --profile``, once the culprit is
+        confirmed): realized and filled as a trial is, not logged as one; its logs, facts and
+        Chrome trace in the session's ``profile/<label>``. Returns that directory."""
+        log_dir = self.session.root / "profile" / label
+        log_dir.mkdir(parents=True, exist_ok=True)
+        work = self._work(state, 1, None, None, log_dir)
+        with work.actuator.realize(work.applied, work.positions, log_dir) as realized:
+            failure = realized.failure
+            if failure is None and realized.fill:
+                failure = self._fill(work, realized)
+            if failure is None:
+                spec = replace(self._spec(work, realized, "profile", 1), profile=request)
+                run_once(self.o.smoke, spec)
+        return log_dir
 
     def _endpoint_guard(self, work: TrialWork, realized: Realized) -> None:
         """Stop the run, in the command's own words, when the good endpoint cannot run the

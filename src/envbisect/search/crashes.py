@@ -175,6 +175,9 @@ MAX_BASE_RUNS = 12
 
 def _forgive(rec: Record) -> None:
     """A state that crashed no more often than the good state: its clean runs judge it."""
-    if rec.failure is not None and rec.failure.kind in (FailureKind.CRASH, FailureKind.TIMEOUT):
-        if rec.samples:
-            rec.failure = None
+    crashed = rec.failure is not None and rec.failure.kind in (
+        FailureKind.CRASH,
+        FailureKind.TIMEOUT,
+    )
+    if crashed and rec.samples:
+        rec.failure = None

@@ -1,0 +1,56 @@
+"""`envbisect profile-diff`: two profiled runs' kernels and ops, compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from envbisect.model.errors import UsageError
+
+
+@click.command("profile-diff")
+@click.argument("good", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("bad", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "--lines",
+    type=click.IntRange(1),
+    default=10,
+    show_default=True,
+    help="Changes shown in text.",
+)
+def command(good: Path, bad: Path, fmt: str, lines: int) -> int:
+    """Compare the kernels and ops of two profiled runs: GOOD and BAD are the facts of
+    ``envbisect probe --profile`` (its ``probe.facts.json``, or its ``--format json``
+    output). Says what appeared, vanished, got slower or faster, or is called more or less
+    often, per step and as a share of the step time; ``--format json`` has every change.
+    """
+    from envbisect.model.kernels import diff
+    from envbisect.render.kernels import diff_lines
+
+    result = diff(_table(good), _table(bad))
+    if fmt == "json":
+        click.echo(json.dumps(result.as_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo("\n".join(diff_lines(result, lines)))
+    return 0
+
+
+def _table(path: Path) -> Any:
+    from envbisect.model.kernels import ProfileTable
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"{path}: not JSON ({exc})") from None
+    if isinstance(data, dict) and isinstance(data.get("facts"), dict):
+        data = data["facts"]  # envbisect probe --format json
+    try:
+        return ProfileTable.from_facts(data)
+    except ValueError as exc:
+        raise UsageError(f"{path}: {exc}") from None
