@@ -23,8 +23,7 @@ CONFIG_NAME = "envbisect.yaml"
 
 # keep_blobs: true stores files up to this many bytes each.
 DEFAULT_BLOB_LIMIT = 1 << 20
-# keep_caches: a compile cache's content is kept by snapshot up to this many bytes (by
-# default when the user keeps contents at all, keep_blobs; keep_caches alone turns it on).
+# keep_caches: compile caches' content kept up to this many bytes (default on with keep_blobs).
 DEFAULT_CACHE_CAP = 512 << 20
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
