@@ -47,6 +47,7 @@ def command(
     metric_regex: str | None,
     warmup_lines: int | None,
     no_probe: bool,
+    step_fn: str | None,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -76,7 +77,12 @@ def command(
         raise UsageError("--repeats must be at least 1")
     transport, py = resolve_target(config, python, via, target_name)
     smoke = smoke_command(
-        smoke_argv, config, metric_regex, no_probe=no_probe, warmup_lines=warmup_lines
+        smoke_argv,
+        config,
+        metric_regex,
+        no_probe=no_probe,
+        warmup_lines=warmup_lines,
+        step_fn=step_fn,
     )
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))
