@@ -19,6 +19,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from envbisect.model.metric import Measurement, format_ktok
@@ -163,3 +164,23 @@ def _num(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def describe_timing(t: Mapping[str, Any]) -> str:
+    """One line of a trial's time: ``2 processes: start-up 9.8s, compile 4.1s, steps 3.0s,
+    after 0.2s; realize 0.4s; compile cache 2 (shared, made by trial 1)``."""
+    n = int(t.get("processes") or 0)
+    words = {"startup_s": "start-up", "compile_s": "compile", "steps_s": "steps"}
+    words["after_s"] = "after"
+    parts = [f"{w} {t[k]:.1f}s" for k, w in words.items() if t.get(k) is not None]
+    text = f"{n} process{'es' if n != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
+    text += f"; realize {float(t.get('realize_s') or 0):.1f}s"
+    if t.get("fill_s"):
+        text += f"; warm cache made {float(t['fill_s']):.1f}s"
+    caches = t.get("compile_cache") or []
+    if caches:
+        last = caches[-1]
+        number = Path(str(last.get("dir", ""))).name
+        how = "shared" if last.get("shared") else "new"
+        text += f"; compile cache {number} ({how}, made by trial {last.get('made_by_trial')})"
+    return text
