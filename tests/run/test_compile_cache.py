@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from envbisect.realize.actuate import Realized
-from envbisect.run.compilecache import CompileCaches
+from envbisect.run.compilecache import CompileCaches, defpath, source_sha
 from tests.helpers_run import commit_all, init_repo
 from tests.helpers_user_repo import envbisect
 
@@ -122,7 +122,8 @@ def test_same_compiled_code_shares_one_cache_and_changed_code_does_not(tmp_path:
         if t["model"] == good["model"] and t is not good and t["cache"]["shared"]
     ]
     assert shared and all(t["cache"]["made_by_trial"] == good["row"]["index"] for t in shared), out
-    assert good["cache"]["keyed_on"] == ["model.py"], out  # what Dynamo traced
+    # what Dynamo traced: block and the module globals it reads (WORK), not train.py
+    assert good["cache"]["keyed_on"] == ["model.py::<globals>", "model.py::block"], out
 
     # samples from one process: every trial but the endpoints ran one, with >= 3 samples
     for t in by_trial.values():
@@ -143,3 +144,35 @@ def test_no_sharing_when_a_cache_is_a_unit_of_the_difference(tmp_path: Path) -> 
     realized = Realized(python=sys.executable, env={}, cwd=tmp_path)
     assert caches.choose(realized, ["python", "x.py"], {}, [], 1) is None
     assert not (tmp_path / "compile-caches").exists()
+
+
+def test_the_key_of_traced_code_is_its_definition_and_its_module_globals(tmp_path: Path) -> None:
+    base = (
+        '"""Doc."""\nimport torch\nEPS = 1e-6\n\n\n'
+        "@torch.compile\ndef step(x):\n    return x * EPS\n\n\n"
+        "def mask(n):\n    return lambda q, k: q >= k\n\n\n"
+        "class Block:\n    def forward(self, x):\n        return x\n"
+    )
+    (tmp_path / "m.py").write_text(base)
+    keys = ["m.py::step", "m.py::<globals>", "m.py::Block.forward", "m.py::" + defpath(
+        "mask.<locals>.<lambda>"
+    )]  # fmt: skip
+    before = {k: source_sha(tmp_path, k) for k in keys}
+    assert all(before.values()) and defpath("<module>") == ""
+
+    def after(old: str, new: str) -> dict[str, str | None]:
+        (tmp_path / "m.py").write_text(base.replace(old, new))
+        return {k: source_sha(tmp_path, k) for k in keys}
+
+    changed = {k for k, v in after('"""Doc."""', '"""Other doc."""').items() if v != before[k]}
+    assert changed == set()  # the docstring is no code
+    changed = {k for k, v in after("EPS = 1e-6", "EPS = 1e-5").items() if v != before[k]}
+    assert changed == {"m.py::<globals>"}
+    changed = {
+        k for k, v in after("@torch.compile\n", "@torch.compile()\n").items() if v != before[k]
+    }
+    assert changed == {"m.py::step"}  # a decorator is part of the definition
+    changed = {k for k, v in after("q >= k", "q > k").items() if v != before[k]}
+    assert changed == {"m.py::mask"}
+    changed = {k for k, v in after("return x\n", "return x + 1\n").items() if v != before[k]}
+    assert changed == {"m.py::Block.forward"}

@@ -116,4 +116,7 @@ def test_the_probe_facts_name_the_traced_sources(tmp_path: Path) -> None:
              record=logs.append)  # fmt: skip
     facts = json.loads((tmp_path / "logs" / "run-1.facts.json").read_text())
     assert str(script) in facts["traced_sources"]
+    # the compiled frame and the function inlined into it, by name
+    assert [str(script), "f"] in facts["traced_code"]
+    assert [str(script), "helper"] in facts["traced_code"]
     assert facts["steps"]["steps"] == 4

@@ -17,8 +17,9 @@ holds the first compile) has none; the host leaves out the first third of the re
 warm-up. Only clock readings are taken here: no torch call, no synchronization, nothing the
 program's speed could notice beyond one ``perf_counter`` per step.
 
-``traced`` records the files of every code object Dynamo traced (the compiled frames and the
-functions inlined into them), for the host's key of a shared compile cache.
+``note_traced`` records every code object Dynamo traced (the compiled frames and the
+functions inlined into them: file and qualified name), for the host's key of a shared
+compile cache.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ STEPS: dict[str, Any] = {
     "script": None,  # the script's module name (``train`` for train.py)
 }
 TRACED: set[str] = set()  # files of code objects Dynamo traced
+TRACED_CODE: set[tuple[str, str]] = set()  # (file, qualified name) of each
+MAX_TRACED = 500
 _LOCK = threading.Lock()
 _DEPTH = threading.local()
 
@@ -172,9 +175,17 @@ def _index(ast, name):
 def note_traced(output_graph):
     """The files of the code objects this graph traced (``OutputGraph.traced_code``)."""
     codes = getattr(output_graph, "traced_code", None) or ()
-    files = {getattr(code, "co_filename", None) for code in codes}
+    found = set()
+    for code in codes:
+        name = getattr(code, "co_filename", None)
+        if name and not name.startswith("<"):
+            # co_qualname from Python 3.11 (``Block.forward``); co_name before it
+            found.add((name, getattr(code, "co_qualname", None) or code.co_name))
     with _LOCK:
-        TRACED.update(f for f in files if f and not f.startswith("<"))
+        TRACED.update(f for f, _ in found)
+        for item in found:
+            if len(TRACED_CODE) < MAX_TRACED:
+                TRACED_CODE.add(item)
 
 
 def facts():
@@ -182,6 +193,7 @@ def facts():
     with _LOCK:
         ends = list(STEPS["ends"])
         traced = sorted(TRACED)
+        code = sorted(TRACED_CODE)
     out = {
         "rule": STEPS["rule"],
         "step_fn": STEPS["step_fn"],
@@ -192,4 +204,4 @@ def facts():
         "last_end_s": round(ends[-1] - T0, 4) if ends else None,
         "at_exit_s": round(time.perf_counter() - T0, 4),
     }
-    return {"steps": out, "traced_sources": traced}
+    return {"steps": out, "traced_sources": traced, "traced_code": [list(c) for c in code]}

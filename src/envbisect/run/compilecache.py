@@ -12,10 +12,15 @@ caches (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) point into
 - the command as typed;
 - the source: the content of the Python files under the script's directory (the cwd for
   ``-m``/``-c``) and of the state's ``files:`` outside it. Once a run under the probe has
-  said which files Dynamo traced (``traced_sources``: the compiled frames and what was
-  inlined into them), the cache is keyed by those files alone: a later state that changed
-  only code torch.compile never saw (a learning rate in the training loop) shares it, one
-  that changed traced code gets a cache of its own.
+  said which functions Dynamo traced (``traced_code``: the compiled frames and what was
+  inlined into them, by file and qualified name), the cache is keyed by their source alone:
+  each traced function's own definition (decorators included; a lambda or a nested
+  function by its outermost definition) and its file's module-level statements (the
+  constants and imports it reads; not the docstring). A later state that changed only code
+  torch.compile never saw (a learning rate in the training loop, a docstring, a module that
+  is not compiled) shares it; one that changed traced code or its globals gets its own.
+  Sharing is never wrong for torch's own caches (their entries are keyed by content); the
+  key decides which trials count as the same compiled code.
 
 Never shared: a state whose caches are units of the difference gets exactly what it is
 meant to have (a cold dir, the recorded warm content), so with any cache unit in the diff
@@ -139,7 +144,7 @@ class CompileCaches:
         with self._lock:
             for e in self.entries:
                 if e.base == base and all(
-                    _file_sha(src / rel) == sha for rel, sha in e.sources.items()
+                    source_sha(src, key) == sha for key, sha in e.sources.items()
                 ):
                     if trial is not None and trial not in e.users:
                         e.users.append(trial)
@@ -161,24 +166,27 @@ class CompileCaches:
     def learn(self, use: CacheUse, facts: Iterable[Mapping[str, Any] | None]) -> None:
         """Narrow a new cache's key to the files Dynamo traced (from its runs' probe facts),
         while the state that made it is still realized."""
-        traced: set[str] = set()
+        traced: set[tuple[str, str]] = set()
         seen = False
         for f in facts:
-            if f and isinstance(f.get("traced_sources"), list):
+            if f and isinstance(f.get("traced_code"), list):
                 seen = True
-                traced.update(str(p) for p in f["traced_sources"])
+                traced.update((str(c[0]), str(c[1])) for c in f["traced_code"] if len(c) == 2)
         e = use.entry
         if not seen or use.shared:
             return
         with self._lock:
             if e.traced:
                 return
-            rels = set()
-            for path in traced:
+            keys: set[str] = set()
+            for path, qualname in traced:
                 p = Path(path)
                 if _under(p, use.root):
-                    rels.add(p.resolve().relative_to(use.root.resolve()).as_posix())
-            e.sources = {rel: _file_sha(use.root / rel) for rel in sorted(rels)}
+                    rel = p.resolve().relative_to(use.root.resolve()).as_posix()
+                    name = defpath(qualname)
+                    # a function's module globals (constants, imports) are traced with it
+                    keys.update((f"{rel}::{name}", f"{rel}::{GLOBALS}") if name else (rel,))
+            e.sources = {key: source_sha(use.root, key) for key in sorted(keys)}
             e.traced = True
             self._save(e)
 
@@ -258,6 +266,59 @@ def python_files(root: Path, skip: Sequence[Path] = ()) -> list[str]:
                 if len(out) >= _MAX_FILES:
                     return out
     return out
+
+
+GLOBALS = "<globals>"  # a file's module-level statements but its defs and docstring
+
+
+def defpath(qualname: str) -> str:
+    """The outermost named definitions of a code object's qualified name: ``Block.forward``
+    stays, ``causal_mask.<locals>.<lambda>`` is ``causal_mask``; ``<module>`` is empty."""
+    parts = []
+    for part in qualname.split("."):
+        if part.startswith("<"):
+            break
+        parts.append(part)
+    return ".".join(parts)
+
+
+def source_sha(root: Path, key: str) -> str | None:
+    """The sha256 of what a key names under ``root``: ``path::Outer.inner`` the source of
+    that definition (its decorators too), ``path::<globals>`` the file's module-level
+    statements but its definitions and docstring, ``path`` the whole file; None when
+    absent."""
+    rel, _, name = key.partition("::")
+    if not name:
+        return _file_sha(root / rel)
+    import ast
+
+    try:
+        text = (root / rel).read_text(encoding="utf-8")
+        body: list[ast.stmt] = ast.parse(text).body
+    except (OSError, ValueError, SyntaxError):
+        return None
+    if name == GLOBALS:
+        kept = [
+            ast.dump(n)
+            for i, n in enumerate(body)
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and not (i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        ]
+        return hashlib.sha256("\n".join(kept).encode()).hexdigest()
+    node: ast.stmt | None = None
+    for part in name.split("."):
+        kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        found = [n for n in body if isinstance(n, kinds) and n.name == part]
+        if not found:
+            return None
+        node = found[-1]  # a name defined twice is its last definition, as at run time
+        body = getattr(node, "body", [])
+    if node is None:
+        return None
+    decorators = getattr(node, "decorator_list", [])
+    first = min([node.lineno, *(d.lineno for d in decorators)])
+    lines = text.splitlines()[first - 1 : node.end_lineno]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def _session_root(cache_root: Path) -> Path:
