@@ -174,7 +174,10 @@ def _index(ast, name):
 
 def note_traced(output_graph):
     """The files of the code objects this graph traced (``OutputGraph.traced_code``)."""
-    codes = getattr(output_graph, "traced_code", None) or ()
+    codes = getattr(output_graph, "traced_code", None)
+    if codes is None:  # older torch: the tracing context holds the list
+        codes = getattr(getattr(output_graph, "tracing_context", None), "traced_code", None)
+    codes = codes or ()
     found = set()
     for code in codes:
         name = getattr(code, "co_filename", None)

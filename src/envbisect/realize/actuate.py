@@ -38,9 +38,8 @@ caches
     A cache that is part of the diff: cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/
     ``TRITON_CACHE_DIR`` under the trial dir; warm = a copy of the recorded dir (the user's
     own cache is never written to); either is removed when the trial ends. A cache that did
-    not change is used where the snapshot found it, never copied (a user's command run
-    locally: the shared cache of its compiled code, ``run.compilecache``). A warm state whose
-    recorded dir is gone cannot be realized: said plainly.
+    not change is used in place, never copied (``run.compilecache`` shares one per compiled
+    code). A warm state whose recorded dir is gone cannot be realized: said plainly.
 data
     When the state wants the *old* version of a dataset and ``data_map`` in the config names
     where it lives, every argv element that mentions the path is rewritten to the mapped

@@ -169,7 +169,8 @@ class CompileCaches:
         traced: set[tuple[str, str]] = set()
         seen = False
         for f in facts:
-            if f and isinstance(f.get("traced_code"), list):
+            # none traced (nothing compiled, or a torch that does not say): keyed on all
+            if f and isinstance(f.get("traced_code"), list) and f["traced_code"]:
                 seen = True
                 traced.update((str(c[0]), str(c[1])) for c in f["traced_code"] if len(c) == 2)
         e = use.entry
