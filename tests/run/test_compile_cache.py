@@ -91,6 +91,7 @@ def test_same_compiled_code_shares_one_cache_and_changed_code_does_not(tmp_path:
         ws,
         "run", "--good", "good.yaml", "--bad", "bad.yaml", "--python", sys.executable,
         "--session", "sess", "--metric-regex", METRIC, "--until", "50%", "--json", "-",
+        "--report", "report.md",
         "--", "python", "repo/train.py",
     )  # fmt: skip
     out = res.stdout + res.stderr
@@ -134,6 +135,8 @@ def test_same_compiled_code_shares_one_cache_and_changed_code_does_not(tmp_path:
         assert timing["samples_from"] and timing["steps_s"] > 0, out
         assert timing["realize_s"] >= 0 and timing["startup_s"] > 0, out
     assert "time: 1 process: start-up" in res.stderr, out
+    report = (ws / "report.md").read_text()
+    assert re.search(r"- trial 1 \(.*\(2 processes: start-up [0-9.]+s, compile", report), report
 
 
 def test_no_sharing_when_a_cache_is_a_unit_of_the_difference(tmp_path: Path) -> None:
