@@ -134,7 +134,7 @@ class TrialRunner:
             self.replay[rec.key] = rec
             self.index_of[rec.key] = rec.index
         self.records: list[TrialRecord] = []
-        self.n_units = n_units  # the endpoints' samples come from two processes (_sample)
+        self.n_units = n_units  # which states are endpoints (_sample, _endpoint_guard)
         # Workers measure in threads: trial numbers, the log and the replay under one lock.
         self._lock = threading.Lock()
         self.actuators: dict[str, Actuator] = {}  # worker name -> its own (a target's)
@@ -399,15 +399,18 @@ class TrialRunner:
         asked (a command that reports one figure gives one); returns the failure, if any.
 
         Windows of one process vary less than processes do (on the H200 0.2% against a few
-        percent), and the noise model is pooled from these samples: the endpoints, which
-        set the noise and the default threshold, take theirs from two processes, so the
-        between-process spread is in the estimate. Every other state costs one process."""
+        percent), and the noise model is pooled from these samples: the good endpoint, the
+        first state measured, takes its samples from two processes, so the between-process
+        spread is in the estimate every later verdict uses. Every other state, the bad
+        endpoint too, costs one process (issue 32: endpoints measured once unless noise
+        calls for more; a state inside the noise band gets more samples from a new one)."""
         n, samples = work.n, work.samples
-        per_run = -(-n // 2) if endpoint and n > 1 else n
+        two = endpoint and not work.applied and n > 1
+        per_run = -(-n // 2) if two else n
         k = work.first_run - 1
-        # A log with a throughput per step gives all n in one process: an endpoint still
-        # takes a second one.
-        while len(samples) < n or (endpoint and n > 1 and k - work.first_run < 1):
+        # A log with a throughput per step gives all n in one process: the good endpoint
+        # still takes a second one.
+        while len(samples) < n or (two and k - work.first_run < 1):
             if work.cancelled():
                 raise KeyboardInterrupt
             k += 1
