@@ -30,14 +30,16 @@ The lead's command on the H200 (one device call, < 9 min; the repo root, envbise
 importable):
 
     PYTHONPATH=src python3 benchmarks/device/fast_trials.py "$OUT/fast-trials" --size gpu \\
-        --runs 3 --budget-s 500
+        --runs 3 --budget-s 450
 
 CPU plumbing mode (tiny sizes, the same steps; what CI-less checking here runs):
 
     PYTHONPATH=src .venv/bin/python benchmarks/device/fast_trials.py /tmp/ft --size cpu --runs 1
 
-``--budget-s`` starts no further run that would end past that many seconds (judged by the
-run before; said in the results), so a slow box still leaves its results under OUTDIR.
+``--budget-s`` (default 450) starts no further run that would end past that many seconds
+(judged by the run before; said in the results) and interrupts a run still going 60 s
+past it (Ctrl-C: envbisect saves its session and restores the repo), so the whole call
+ends within about budget + 90 s and a slow box still leaves its results under OUTDIR.
 """
 
 from __future__ import annotations
@@ -46,12 +48,14 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -155,9 +159,38 @@ def plain(tr: Transcript, ws: Path, env: dict[str, str], py: str) -> dict[str, f
     return {"cold_s": round(walls[0], 2), "warm_s": round(walls[1], 2), "figure": figure}
 
 
+def interruptible(
+    tr: Transcript, argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float
+) -> tuple[int | None, str, str]:
+    """``argv`` with a deadline: past it, Ctrl-C (envbisect saves the session and restores
+    the repo), then a kill 30 s later. Returns (exit status, stdout, stderr)."""
+    tr.say(f"$ (cd {cwd.name}) " + " ".join(argv) + f"  [deadline {timeout_s:.0f}s]")
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        err += f"\n[fast_trials: past the {timeout_s:.0f}s deadline, interrupted]\n"
+    tr.say(f"exit {proc.returncode}")
+    return proc.returncode, out, err
+
+
 def one_run(
-    tr: Transcript, ws: Path, env: dict[str, str], py: str, out: Path, k: int, culprit: str
-) -> dict[str, object]:
+    tr: Transcript,
+    ws: Path,
+    env: dict[str, str],
+    out: Path,
+    k: int,
+    culprit: str,
+    deadline_s: float,
+) -> dict[str, Any]:
     """One ``envbisect run`` in a fresh session: its wall time, answer and trials."""
     run_dir = out / f"run-{k}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -169,9 +202,9 @@ def one_run(
         "--", "python3", "repo/train.py", "--data", "data/prompts.jsonl",
     ]  # fmt: skip
     t = time.monotonic()
-    proc = tr.run(argv, ws, env)
+    code, stdout, stderr = interruptible(tr, argv, ws, env, deadline_s)
     wall = time.monotonic() - t
-    (run_dir / "transcript.txt").write_text(proc.stdout + "\n--- stderr\n" + proc.stderr)
+    (run_dir / "transcript.txt").write_text(stdout + "\n--- stderr\n" + stderr)
     try:
         doc = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
@@ -181,7 +214,7 @@ def one_run(
     hunk_text = json.dumps(first.get("hunk") or {})
     return {
         "run": k,
-        "exit": proc.returncode,
+        "exit": code,
         "wall_s": round(wall, 1),
         "commit_right": first.get("commit") == culprit,
         "hunk_right": CULPRIT_LINE in hunk_text,
@@ -270,7 +303,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--size", choices=sorted(SIZES), default="gpu")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--budget-s", type=float, default=450.0)
     args = ap.parse_args()
     began = time.monotonic()
     out = args.out.resolve()
@@ -299,7 +332,9 @@ def main() -> int:
                     f"budget of {args.budget_s:.0f}s spent: {results['skipped']} run(s) not made"
                 )
                 break
-            run = one_run(tr, ws, env, py, out, k, culprit)
+            # A run may not end past the budget and 60 s (the device call's own limit)
+            left = max(60.0, args.budget_s + 60 - (time.monotonic() - began))
+            run = one_run(tr, ws, env, out, k, culprit, left)
             ratios(run, plains)
             results["runs"].append(run)
             tr.say(
