@@ -56,7 +56,12 @@ def test_a_script_with_one_final_figure_gives_three_samples_from_one_process(
     # one process: the figure it printed is the reported one, its steps are the samples
     assert m.ok and m.tok_per_s == _printed(tmp_path)
     assert len(m.samples) >= 3
-    assert statistics.median(m.samples) == pytest.approx(m.tok_per_s, rel=1e-9)
+    # each kept step's sample: one step's work (the figure over all timed steps times their
+    # mean time) over that step's own time
+    steps = json.loads((tmp_path / "logs" / "run-1.facts.json").read_text())["steps"]
+    times = steps["intervals_s"]
+    work = m.tok_per_s * statistics.mean(times)
+    assert m.samples == pytest.approx([work / t for t in times[2:]], rel=1e-9)
     used = log.as_dict()["samples_from"]
     # 9 steps: 8 timed (step 1 has no start), the first third of those (2) left out
     assert used["steps_seen"] == 9 and used["steps_used"] == [4, 9]

@@ -8,15 +8,17 @@ function). A step's time runs from the end of the step before to its own end, so
 (the first compile) has none; of the rest the first third are warm-up and left out, as with
 ``--warmup-lines``. When a run's own figure (``--metric-regex``, an ``ENVBISECT_RESULT``)
 gives fewer samples than the trial asked of the process, the kept steps become its samples,
-scaled so that their median is that figure: the figure stays the one the command reported
-(the threshold is in its units), the steps add how much it moves from step to step. Tokens
-are not counted by the probe: a step's share of the reported figure is what it measures.
+in that figure's units: the figure is read as the rate over every timed step, so one step's
+work is ``figure × mean step time`` and a kept step's sample is that work over its own time.
+The figure stays the one the command reported (the threshold is in its units); the steps
+add how much it moves, and a step the machine held up lowers its own sample, not the
+median. Tokens are not counted by the probe: the command's own figure says how much a
+step does.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ class StepSamples:
     steps: int  # step ends seen
     first_kept: int  # 1-based number of the first kept step
     times: tuple[float, ...]  # seconds per kept step
+    mean_s: float = 0.0  # mean time of every timed step (2..N): what the figure spans
 
     @classmethod
     def of(cls, facts: Mapping[str, Any] | None) -> StepSamples | None:
@@ -46,13 +49,15 @@ class StepSamples:
             return None
         skip = len(times) // 3
         rule = "optimizer" if steps.get("rule") == "optimizer" else f"function {steps['step_fn']}"
-        return cls(rule, int(steps.get("steps") or 0), skip + 2, tuple(times[skip:]))
+        mean = sum(times) / len(times)
+        return cls(rule, int(steps.get("steps") or 0), skip + 2, tuple(times[skip:]), mean)
 
     def scaled(self, figure: float) -> tuple[float, ...]:
-        """One sample per kept step, scaled so that their median is ``figure``."""
-        rates = [1.0 / t for t in self.times]
-        mid = statistics.median(rates)
-        return tuple(figure * r / mid for r in rates)
+        """One sample per kept step: the work of one step, read from ``figure`` as the rate
+        over every timed step (``figure × mean step time``), over that step's time. A step
+        the machine held up lowers the figure but only its own sample, not the median."""
+        work = figure * self.mean_s
+        return tuple(work / t for t in self.times)
 
     def used(self, figure: float, source: str | None) -> dict[str, Any]:
         """Which samples were used, as the trial log and ``--json`` say it."""
@@ -72,7 +77,7 @@ class StepSamples:
             "figure_from": source,
             "text": (
                 f"steps {self.first_kept}-{last} of {self.steps} timed by the probe ({how}), "
-                f"scaled to the reported {format_ktok(figure)} Ktok/s"
+                f"in the units of the reported {format_ktok(figure)} Ktok/s"
             ),
         }
 
