@@ -18,7 +18,9 @@ that wraps nothing but the loader's ``exec_module``), and each only *observes*:
 - ``torch.fx._symbolic_trace``: the original ``is_fx_symbolic_tracing`` and the traces in
   flight per thread, so the FX tracing flag seen set with no trace in flight is a sentinel
   (the flag is a module global up to torch 2.13, thread-local from 2.14);
-- ``warnings.showwarning`` and the ``torch`` logger: warnings, deduplicated and counted.
+- ``warnings.showwarning`` and the ``torch`` logger: warnings, deduplicated and counted;
+- ``torch.optim.optimizer`` (or the function named by ``step_fn``): the end of each
+  training step, timed (``probe_steps``), and the files of the code Dynamo traced.
 
 At exit (after non-daemon threads are joined) or on a crash it reads torch.compile's
 counters, CUDA peak memory and OOMs, and writes the facts (schema ``envbisect/facts@1``) to
@@ -42,6 +44,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
     # run/probed.py's bootstrap runs this module and probe_facts under private names, so the
     # program never sees an ``envbisect`` package made up by the probe.
     import _envbisect_probe_profile as profile
+    import _envbisect_probe_steps as probe_steps
     from _envbisect_probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -55,7 +58,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
         tls,
     )
 else:
-    from envbisect.agent import profile
+    from envbisect.agent import probe_steps, profile
     from envbisect.agent.probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -167,6 +170,7 @@ def _hook_output_graph(mod):
     @functools.wraps(original)
     def call_user_compiler(self, gm, *args, **kwargs):
         _quietly(_note_graph, gm)
+        _quietly(probe_steps.note_traced, self)
         return original(self, gm, *args, **kwargs)
 
     cls.call_user_compiler = call_user_compiler
@@ -317,8 +321,11 @@ def _install():
     with contextlib.suppress(ValueError, TypeError, AttributeError):
         if json.loads(os.environ.get(CONFIG_ENV) or "{}").get("serialize_compiles"):
             SEEN["serial"] = threading.RLock()
+    step_hooks = {}
     with contextlib.suppress(ValueError, TypeError, AttributeError):
-        profile.configure(json.loads(os.environ.get(CONFIG_ENV) or "{}"))
+        config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
+        profile.configure(config)
+        step_hooks = probe_steps.configure(config)
 
     shown = warnings.showwarning
 
@@ -342,11 +349,23 @@ def _install():
 
     threading.excepthook = thread_excepthook
     thread_no(threading.main_thread().ident)  # the main thread is thread 1
-    finder = _PostImport(profile.with_hooks(_HOOKS))
+    finder = _PostImport(profile.with_hooks(_with_step_hooks(step_hooks)))
     for name in list(finder.hooks):
         if name in sys.modules:  # imported before us (a sitecustomize): hook it now
             _quietly(finder.hooks.pop(name), sys.modules[name])
     sys.meta_path.insert(0, finder)
+
+
+def _with_step_hooks(step_hooks):
+    """The probe's hooks and the step timer's (a module both hook: one after the other)."""
+    hooks = dict(_HOOKS)
+    for name, hook in step_hooks.items():
+        if name in hooks:
+            first = hooks[name]
+            hooks[name] = lambda mod, a=first, b=hook: (_quietly(a, mod), _quietly(b, mod))
+        else:
+            hooks[name] = hook
+    return hooks
 
 
 # ----------------------------------------------------------------------------- delivery
@@ -365,6 +384,7 @@ def _deliver():
     with contextlib.suppress(Exception):
         if profile.STATE["config"] is not None:
             data["profile"] = profile.facts()
+        data.update(probe_steps.facts())
     try:
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
     except ValueError:
@@ -434,7 +454,10 @@ def _run_script(path, args):
 
     with io.open_code(full) as fh:
         source = fh.read()
-    code = compile(source, full, "exec", dont_inherit=True)
+    try:
+        code = probe_steps.compile_main(source, full)  # the step function decorated, if any
+    except Exception:  # a SyntaxError said as Python says it, by the plain compile
+        code = compile(source, full, "exec", dont_inherit=True)
     main.__dict__.update(
         __name__="__main__",
         __file__=full,

@@ -56,6 +56,7 @@ def command(
     metric_regex: str | None,
     warmup_lines: int | None,
     no_probe: bool,
+    step_fn: str | None,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -94,6 +95,7 @@ def command(
         metric_regex,
         no_probe=no_probe,
         warmup_lines=warmup_lines,
+        step_fn=step_fn,
     )
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -114,7 +115,15 @@ def timeout_option(func: F) -> F:
 
 
 def metric_regex_option(func: F) -> F:
-    """``--metric-regex REGEX``, ``--warmup-lines W`` and ``--no-probe``."""
+    """``--metric-regex REGEX``, ``--warmup-lines W``, ``--no-probe`` and ``--step-fn``."""
+    func = click.option(
+        "--step-fn",
+        "step_fn",
+        metavar="MODULE:QUALNAME",
+        default=None,
+        help="The probe times each return of this function as one training step (e.g. "
+        "train:train_step, __main__:step); default: each optimizer step() ends a step.",
+    )(func)
     func = click.option(
         "--no-probe",
         "no_probe",
@@ -177,6 +186,9 @@ def resolve_threshold(
     return t
 
 
+_STEP_FN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*$")
+
+
 def smoke_command(
     smoke_argv: Sequence[str],
     config: Config,
@@ -184,10 +196,12 @@ def smoke_command(
     *,
     no_probe: bool = False,
     warmup_lines: int | None = None,
+    step_fn: str | None = None,
 ) -> SmokeCommand:
     """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
     its tok/s read with ``--metric-regex`` when given (a sample per matched line after the
-    first ``warmup_lines``); a Python command under the probe unless ``no_probe``."""
+    first ``warmup_lines``); a Python command under the probe unless ``no_probe``, its
+    training steps timed by each return of ``step_fn`` when given."""
     import dataclasses
 
     from envbisect.model.errors import UsageError
@@ -200,7 +214,18 @@ def smoke_command(
     spec = MetricSpec.parse(regex) if regex else None
     if spec is not None and warmup_lines is not None:
         spec = dataclasses.replace(spec, warmup=warmup_lines)
-    return SmokeCommand(tuple(smoke_argv) or tuple(config.smoke or ()), spec, probe=not no_probe)
+    argv = tuple(smoke_argv) or tuple(config.smoke or ())
+    if step_fn is not None:
+        if not _STEP_FN.match(step_fn):
+            raise UsageError(
+                f"--step-fn {step_fn!r}: expected MODULE:QUALNAME, e.g. train:train_step"
+            )
+        if no_probe or not argv:
+            raise UsageError(
+                "--step-fn is timed by the probe inside a Python command: give the command "
+                "after -- and drop --no-probe"
+            )
+    return SmokeCommand(argv, spec, probe=not no_probe, step_fn=step_fn)
 
 
 def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -> str:

@@ -202,6 +202,7 @@ def command(**flags: Any) -> int:
         args.metric_regex,
         no_probe=args.no_probe,
         warmup_lines=args.warmup_lines,
+        step_fn=args.step_fn,
     )
     # With --good-as-of the good path is known once the state is rebuilt (below).
     options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
@@ -269,6 +270,7 @@ class RunFlags:
     metric_regex: str | None
     warmup_lines: int | None
     no_probe: bool
+    step_fn: str | None
     python: str | None
     via: tuple[str, ...]
     target_name: str | None

@@ -36,7 +36,8 @@ caches
     A cache that is part of the diff: cold = a fresh empty ``TORCHINDUCTOR_CACHE_DIR``/
     ``TRITON_CACHE_DIR`` under the trial dir; warm = a copy of the recorded dir (the user's
     own cache is never written to); either is removed when the trial ends. A cache that did
-    not change is used where the snapshot found it, never copied.
+    not change is used in place, never copied (``run.compilecache`` shares one per compiled
+    code). A warm state whose recorded dir is gone cannot be realized: said plainly.
 data
     The *old* version of a dataset where ``data_map`` names it: argv paths rewritten to it,
     ``ENVBISECT_DATA_<n>`` (n: its place among the manifest's sorted data paths) holds it.

@@ -19,6 +19,7 @@ from envbisect.model.escape import printable
 from envbisect.model.history import UNCOMMITTED, HunkCulprit
 from envbisect.model.metric import Threshold, format_ktok, format_tok
 from envbisect.model.session import Session
+from envbisect.model.steps import describe_timing
 from envbisect.render import kernels
 from envbisect.run.result import Culprit, RunResult, TrialRow
 
@@ -454,6 +455,8 @@ def explain_trial(r: TrialRow, culprits: set[str]) -> str:
     line = f"- trial {r.index} ({what}): median {format_ktok(r.median)} Ktok/s → {meaning}"
     if r.outlier:
         line += f"; **outlier: {r.outlier}**, which no mix of the recorded changes explains"
+    if r.timing:  # where its time went (issue 32): realize, start-up, compile, steps
+        line += f" ({describe_timing(r.timing)})"
     return line
 
 

@@ -26,6 +26,7 @@ from envbisect.run.result import (
     outlier,
     trial_number,
 )
+from envbisect.run.triallog import read_timing
 from envbisect.search import SearchResult, State, Trial
 from envbisect.search.verdict import Noise, median
 
@@ -183,7 +184,11 @@ def run_result(result: SearchResult, context: RunContext, numbers: Mapping[str, 
     culprits, notes = _culprits(result, context, numbers)
     session = context.session
     rows = tuple(
-        replace(r, facts=probed.trial_facts(session.trial_dir(r.index)))
+        replace(
+            r,
+            facts=probed.trial_facts(session.trial_dir(r.index)),
+            timing=read_timing(session.trial_dir(r.index)),
+        )
         for r in _rows(result, numbers)
     )
     culprits = tuple(replace(c, why=_why(c, rows)) for c in culprits)

@@ -26,6 +26,7 @@ from envbisect.model.facts import from_drafter
 from envbisect.model.failure import Failure, FailureKind
 from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricSpec, measure
+from envbisect.model.steps import breakdown, with_steps
 from envbisect.run import probed
 from envbisect.transport import Layer, LayerKind, Transport
 from envbisect.transport.bundle import build_bundle, find_frame
@@ -47,6 +48,7 @@ class SmokeCommand:
     metric: MetricSpec | None = None
     drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
     probe: bool = True  # a Python command runs under the probe (envbisect.run.probed)
+    step_fn: str | None = None  # --step-fn MODULE:QUALNAME: its returns end a timed step
 
     @property
     def builtin(self) -> bool:
@@ -98,6 +100,7 @@ class Launch:
     # Known without reading a metric: the agent's own error, a command that cannot start.
     reading: Measurement | None = None
     probed: bool = False  # ran under the probe (envbisect.run.probed); argv is as typed
+    facts: Mapping[str, Any] | None = None  # what the probe delivered (steps timed, ...)
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,14 @@ class RunLog:
         if self.launch.probed:
             out["probe"] = f"ran under the probe; facts in {self.name}{probed.FACTS_SUFFIX}"
         m = self.measurement
+        used = m.result.get("samples_from") if m.ok else None
         return {
             **out,
             "wall_s": self.wall_s,
             "tok_per_s": m.tok_per_s,
             "samples": list(m.samples),
+            **({"samples_from": used} if used else {}),
+            "breakdown": breakdown(self.wall_s, self.launch.facts),
             "failure": m.failure,
             "source": m.source,
             **({"contention": dict(self.contention)} if self.contention is not None else {}),
@@ -174,7 +180,7 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         launch, frame = _launch_command(smoke, spec, run_env), None
     if launch.reading is not None:
         return launch, launch.reading
-    return launch, measure(
+    reading = measure(
         stdout=launch.stdout,
         stderr=launch.stderr,
         returncode=launch.exit_status,
@@ -184,6 +190,8 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         frame=frame,
         spec=smoke.metric,
     )
+    # Fewer samples than asked (a log with one final figure): the probe's timed steps.
+    return launch, with_steps(reading, launch.facts, spec.samples)
 
 
 def _launch_drafter(
@@ -216,7 +224,7 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
         if wrapped.probed:
             argv = list(wrapped.argv)
             delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
-            delivery = replace(delivery, serialize=spec.serialize_compiles)
+            delivery = replace(delivery, serialize=spec.serialize_compiles, step_fn=smoke.step_fn)
             if spec.profile is not None:
                 trace = probed.trace_path(spec.log_dir, spec.name, spec.remote)
                 delivery = replace(delivery, profile=spec.profile.config(trace))
@@ -234,8 +242,8 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
         return Launch(logged, program, reading=failed)
     if delivery is None:
         return launch
-    _facts, stdout = delivery.collect(launch.stdout, spec.log_dir, spec.name)
-    return replace(launch, stdout=stdout, argv=logged, probed=True)
+    facts, stdout = delivery.collect(launch.stdout, spec.log_dir, spec.name)
+    return replace(launch, stdout=stdout, argv=logged, probed=True, facts=facts)
 
 
 def _placed(spec: RunSpec, argv: list[str]) -> list[str]:

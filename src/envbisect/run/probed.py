@@ -54,13 +54,14 @@ _PY_NO_PROGRAM = frozenset(("-h", "-?", "--help", "--help-all", "-V", "--version
 @lru_cache(maxsize=1)
 def bootstrap() -> str:
     """The ``-c`` program: the probe's sources (compressed, base64: no character any layer
-    quotes), each registered as a module of its own (``probe_facts`` and ``profile`` first:
-    ``probe`` imports them), then ``main()``."""
+    quotes), each registered as a module of its own (``probe_facts``, ``probe_steps`` and
+    ``profile`` first: ``probe`` imports them), then ``main()``."""
     agent = Path(__file__).parents[1] / "agent"
     register = []
     for name, file in (
         ("_envbisect_probe_facts", "probe_facts.py"),
         ("_envbisect_probe_profile", "profile.py"),
+        ("_envbisect_probe_steps", "probe_steps.py"),
         ("_envbisect_probe", "probe.py"),
     ):
         blob = base64.b64encode(zlib.compress((agent / file).read_bytes(), 9)).decode("ascii")
@@ -167,6 +168,7 @@ class Delivery:
     nonce: str | None = None
     serialize: bool = False
     profile: dict[str, Any] | None = None
+    step_fn: str | None = None  # MODULE:QUALNAME whose returns end a step (else optimizer steps)
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -183,6 +185,8 @@ class Delivery:
             config["serialize_compiles"] = True
         if self.profile:
             config["profile"] = dict(self.profile)
+        if self.step_fn:
+            config["step_fn"] = self.step_fn
         return {CONFIG_ENV: json.dumps(config)}
 
     def collect(

@@ -68,6 +68,9 @@ class TrialRow:
     crashes: int = 0
     contended: int = 0  # samples taken while other processes loaded the machine
     set_aside: tuple[float, ...] = ()  # samples under load, set aside when measured again
+    # Where its time went (realize, start-up, compile, steps), the samples used, the shared
+    # compile cache: envbisect.model.steps.trial_timing of its trial.json.
+    timing: Mapping[str, Any] | None = None
 
     @property
     def crash_rate(self) -> str | None:
@@ -130,6 +133,7 @@ class TrialRow:
             "contended_samples": self.contended,
             "set_aside_samples": [round(s, 3) for s in self.set_aside],
             "facts": self.facts,
+            "timing": self.timing,
         }
 
     @classmethod
@@ -150,6 +154,7 @@ class TrialRow:
             contended=int(d.get("contended_samples") or 0),
             set_aside=tuple(float(x) for x in d.get("set_aside_samples") or ()),
             facts=d.get("facts"),
+            timing=d.get("timing"),
         )
 
 

@@ -24,9 +24,11 @@ from envbisect.model.failure import Failure, FailureKind
 from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import Measurement, format_ktok
 from envbisect.model.session import Session, state_key
+from envbisect.model.steps import describe_timing
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
 from envbisect.run import cmdcheck, contention, probed
+from envbisect.run.compilecache import CacheUse, CompileCaches, with_cache
 from envbisect.run.launch import (
     CRASH_KINDS,
     RunLog,
@@ -37,7 +39,7 @@ from envbisect.run.launch import (
 )
 from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
-from envbisect.run.triallog import TrialCall, write_trial_log
+from envbisect.run.triallog import TrialCall, read_timing, write_trial_log
 from envbisect.search import Outcome, State
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Transport
@@ -73,6 +75,9 @@ class TrialWork:
     untestable: bool = False
     notes: tuple[str, ...] = ()
     check: StateCheck | None = None
+    index: int = 0  # the trial's number (0: calibration)
+    fill_s: float = 0.0  # making a warm cache (TrialRunner._fill)
+    compile_cache: CacheUse | None = None  # the shared compile cache it ran with
 
     @property
     def applied(self) -> frozenset[str]:
@@ -130,7 +135,7 @@ class TrialRunner:
             self.replay[rec.key] = rec
             self.index_of[rec.key] = rec.index
         self.records: list[TrialRecord] = []
-        self.n_units = n_units  # the endpoints' samples come from two processes (_sample)
+        self.n_units = n_units  # which states are endpoints (_sample, _endpoint_guard)
         # Workers measure in threads: trial numbers, the log and the replay under one lock.
         self._lock = threading.Lock()
         self.actuators: dict[str, Actuator] = {}  # worker name -> its own (a target's)
@@ -143,6 +148,11 @@ class TrialRunner:
         self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
         self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
+        # Trials whose compiled code is the same share one warm compile cache (never when
+        # a cache is itself a unit of the difference: envbisect.run.compilecache).
+        self.compile_caches = CompileCaches.for_run(
+            session.root, getattr(actuator, "units", ()), bool(options.transport.layers)
+        )
 
     def __call__(self, state: State, n: int) -> Outcome:
         return self.measure(state, n)
@@ -197,6 +207,7 @@ class TrialRunner:
         work = self._work(
             state, n, worker, cancel, self._trial_dir(index, _worker_name(worker), calibration)
         )
+        work.index = index
         started = time.monotonic()
         with work.actuator.realize(work.applied, work.positions, work.trial_dir) as realized:
             realized = self._gather(work, realized)
@@ -209,6 +220,8 @@ class TrialRunner:
                 tuple(work.runs),
                 time.monotonic() - started,
                 work.failure,
+                fill_s=work.fill_s,
+                compile_cache=work.compile_cache.as_dict() if work.compile_cache else None,
             )
             write_trial_log(work.trial_dir, index, sorted(work.applied), work.positions, call)
         outcome = self._log(work, key, index)
@@ -309,19 +322,43 @@ class TrialRunner:
                 work.notes = (*work.notes, check.summary())
             elif not check.faithful:
                 work.failure, work.untestable = Failure(check.summary()), True
+        if work.failure is None:
+            realized = self._share_compile_cache(work, realized)
         if work.failure is None and realized.fill:
+            filling = time.monotonic()
             work.failure = self._fill(work, realized)
+            work.fill_s = time.monotonic() - filling
             # A warm cache that cannot be made is a state not realized as recorded: its own
             # finding (the empty cache's crash rate), never "the good state fails here too".
             work.untestable = work.failure is not None
         if work.failure is None:
-            endpoint = not work.applied or len(work.applied) == self.n_units
+            # A unit applied at a position (a commit, a release) is no endpoint, even with
+            # one unit: a narrowing trial costs one process like any other.
+            full = len(work.applied) == self.n_units and not work.positions
+            endpoint = not work.applied or full
             work.failure = self._sample(work, realized, endpoint)
+            if work.compile_cache is not None:
+                facts = [run.launch.facts for run in work.runs]
+                self.compile_caches.learn(work.compile_cache, facts)
             # No number is no verdict (as in check), whatever --on-crash says.
             work.untestable = cmdcheck.no_metric(work.failure) and not endpoint
         if work.cancelled():
             raise KeyboardInterrupt
         return realized
+
+    def _share_compile_cache(self, work: TrialWork, realized: Realized) -> Realized:
+        """The state's realized env with the shared compile cache its code keys to (none
+        on a remote worker, or when caches are units of the difference)."""
+        if work.transport.layers or not self.compile_caches.enabled or self.o.smoke.builtin:
+            return realized  # the built-in drafter: its caches are its own params' business
+        values = work.actuator.state_values(work.applied, work.positions)
+        packages = {k: v for (sec, k), (_m, v) in values.items() if sec == "packages"}
+        files = [realized.map_argv([k])[0] for (sec, k) in values if sec == "files"]
+        use = self.compile_caches.choose(
+            realized, self.o.smoke.argv, packages, files, work.index or None
+        )
+        work.compile_cache = use
+        return with_cache(realized, use)
 
     def _log(self, work: TrialWork, key: str, index: int) -> Outcome:
         """Append the trial to the session log; one progress line."""
@@ -356,6 +393,9 @@ class TrialRunner:
             tail += "; * other processes loaded the machine"
         on = f" on {work.name}" if work.name else ""
         self.progress(f"  {shown} Ktok/s{tail}{on}  [log {work.trial_dir}]")
+        timing = read_timing(work.trial_dir)
+        if timing is not None and work.runs:
+            self.progress(f"    time: {describe_timing(timing)}")
         return work.outcome()
 
     def _check(self, realized: Realized, work: TrialWork) -> StateCheck:
@@ -379,15 +419,18 @@ class TrialRunner:
         asked (a command that reports one figure gives one); returns the failure, if any.
 
         Windows of one process vary less than processes do (on the H200 0.2% against a few
-        percent), and the noise model is pooled from these samples: the endpoints, which
-        set the noise and the default threshold, take theirs from two processes, so the
-        between-process spread is in the estimate. Every other state costs one process."""
+        percent), and the noise model is pooled from these samples: the good endpoint, the
+        first state measured, takes its samples from two processes, so the between-process
+        spread is in the estimate every later verdict uses. Every other state, the bad
+        endpoint too, costs one process (issue 32: endpoints measured once unless noise
+        calls for more; a state inside the noise band gets more samples from a new one)."""
         n, samples = work.n, work.samples
-        per_run = -(-n // 2) if endpoint and n > 1 else n
+        two = endpoint and not work.applied and n > 1
+        per_run = -(-n // 2) if two else n
         k = work.first_run - 1
-        # A log with a throughput per step gives all n in one process: an endpoint still
-        # takes a second one.
-        while len(samples) < n or (endpoint and n > 1 and k - work.first_run < 1):
+        # A log with a throughput per step gives all n in one process: the good endpoint
+        # still takes a second one.
+        while len(samples) < n or (two and k - work.first_run < 1):
             if work.cancelled():
                 raise KeyboardInterrupt
             k += 1

@@ -13,6 +13,7 @@ from envbisect.agent.redact import redact_env as redact_value
 from envbisect.agent.redact import redact_tree
 from envbisect.model import manifest as mf
 from envbisect.model.failure import Failure
+from envbisect.model.steps import trial_timing
 from envbisect.realize.actuate import Realized
 from envbisect.realize.faithful import StateCheck
 from envbisect.run.launch import RunLog
@@ -42,6 +43,8 @@ class TrialCall:
     runs: tuple[RunLog, ...]
     wall_s: float
     failure: Failure | None
+    fill_s: float = 0.0  # a warm cache made by a run first
+    compile_cache: Mapping[str, Any] | None = None  # the shared cache it ran with
 
     def as_dict(self) -> dict[str, Any]:
         realized, python = self.realized, self.realized.python
@@ -56,8 +59,25 @@ class TrialCall:
             "build_failure": realized.failure,
             "runs": [run.as_dict() for run in self.runs],
             "wall_s": round(self.wall_s, 3),
+            "fill_s": round(self.fill_s, 3),
+            "compile_cache": dict(self.compile_cache) if self.compile_cache else None,
             "failure": self.failure,
         }
+
+
+def read_timing(trial_dir: Path | str | None) -> dict[str, Any] | None:
+    """Where a trial's time went (``envbisect.model.steps.trial_timing``), from its
+    ``trial.json``; None when it has none."""
+    import json
+
+    if trial_dir is None:
+        return None
+    try:
+        doc = json.loads((Path(trial_dir) / TRIAL_LOG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    calls = doc.get("calls") if isinstance(doc, dict) else None
+    return trial_timing(calls) if isinstance(calls, list) and calls else None
 
 
 def write_trial_log(

@@ -138,7 +138,8 @@ class CachesRealizer:
     ends (``Actuator.realize``). A cache that did not change is the same in every state:
     trials use it where the snapshot found it (its variable pointed there), as the user's
     own runs do, and nothing is copied (a copy of a multi-GB default inductor cache per
-    trial filled disks)."""
+    trial filled disks); a user's command run locally gets the shared cache of its compiled
+    code instead (``run.compilecache``)."""
 
     section = "caches"
 

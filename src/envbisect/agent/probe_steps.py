@@ -1,0 +1,210 @@
+"""Training steps timed inside the probed program, and the sources torch.compile traced
+(stdlib only, Python 3.8+ syntax; run beside ``envbisect.agent.probe``).
+
+The rule for a step (documented in the README and ``envbisect.model.steps``):
+
+- by default each ``step()`` of the first optimizer that steps ends a training step (torch's
+  global ``register_optimizer_step_post_hook``; a second optimizer stepping in the same loop
+  does not split the step);
+- with ``step_fn`` in the probe's config (``--step-fn MODULE:QUALNAME``), each outermost
+  return of that function ends a step instead: a function of the script itself
+  (``__main__:train_step``, or the script's own name ``train:train_step``) is decorated
+  where it is defined, a function of an imported module (``model:Drafter.forward``) is
+  wrapped once its module is imported.
+
+A step's time is from the end of the step before to its own end, so the first step (which
+holds the first compile) has none; the host leaves out the first third of the rest as
+warm-up. Only clock readings are taken here: no torch call, no synchronization, nothing the
+program's speed could notice beyond one ``perf_counter`` per step.
+
+``note_traced`` records every code object Dynamo traced (the compiled frames and the
+functions inlined into them: file and qualified name), for the host's key of a shared
+compile cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+T0 = time.perf_counter()  # the probe's start: offsets below are from here
+MAX_ENDS = 100000  # a long run keeps its first steps' ends (the host uses a few)
+STEPS: dict[str, Any] = {
+    "rule": None,  # "optimizer" | "function"
+    "step_fn": None,  # "module:qualname" asked for
+    "found": False,  # the step function was found and wrapped
+    "ends": [],  # perf_counter at each step's end
+    "first": None,  # id of the first optimizer that stepped
+    "script": None,  # the script's module name (``train`` for train.py)
+}
+TRACED: set[str] = set()  # files of code objects Dynamo traced
+TRACED_CODE: set[tuple[str, str]] = set()  # (file, qualified name) of each
+MAX_TRACED = 500
+_LOCK = threading.Lock()
+_DEPTH = threading.local()
+
+
+def configure(config):
+    """Read ``step_fn`` from the probe's config (a dict); returns the post-import hooks to
+    install: module name -> hook."""
+    step_fn = config.get("step_fn") if isinstance(config, dict) else None
+    if isinstance(step_fn, str) and ":" in step_fn:
+        STEPS["step_fn"] = step_fn
+        STEPS["rule"] = "function"
+        module = step_fn.split(":", 1)[0]
+        STEPS["script"] = _script_module()  # before the program's own sys.argv is set
+        if module not in ("__main__", STEPS["script"]):
+            return {module: _hook_module}
+        return {}
+    STEPS["rule"] = "optimizer"
+    return {"torch.optim.optimizer": _hook_optimizer}
+
+
+def _script_module():
+    argv = sys.argv[1:]
+    if not argv or argv[0] in ("-m", "-c"):
+        return None
+    return os.path.splitext(os.path.basename(argv[0]))[0]
+
+
+def _end():
+    with _LOCK:
+        ends = STEPS["ends"]
+        if len(ends) < MAX_ENDS:
+            ends.append(time.perf_counter())
+
+
+def _optimizer_stepped(optimizer, args, kwargs):
+    first = STEPS["first"]
+    if first is None:
+        STEPS["first"] = first = id(optimizer)
+    if id(optimizer) == first:
+        _end()
+
+
+def _hook_optimizer(mod):
+    mod.register_optimizer_step_post_hook(_optimizer_stepped)
+
+
+def timed(fn):
+    """``fn`` whose outermost returns (per thread) end a training step."""
+
+    @functools.wraps(fn)
+    def step(*args, **kwargs):
+        depth = getattr(_DEPTH, "n", 0)
+        _DEPTH.n = depth + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _DEPTH.n = depth
+            if depth == 0:
+                _end()
+
+    return step
+
+
+def _hook_module(mod):
+    qualname = STEPS["step_fn"].split(":", 1)[1]
+    owner, name = mod, qualname
+    parts = qualname.split(".")
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    name = parts[-1]
+    setattr(owner, name, timed(getattr(owner, name)))
+    STEPS["found"] = True
+
+
+def compile_main(source, filename):
+    """The script's code, with the step function (when it is one of the script's own,
+    module-level or a class's method) decorated by ``timed`` where it is defined; plain
+    ``compile`` otherwise. Line numbers and the file name are the script's."""
+    step_fn = STEPS["step_fn"]
+    if not step_fn or step_fn.split(":", 1)[0] not in ("__main__", STEPS["script"]):
+        return compile(source, filename, "exec", dont_inherit=True)
+    import ast
+
+    tree = ast.parse(source, filename)
+    parts = step_fn.split(":", 1)[1].split(".")
+    body = tree.body
+    for i, part in enumerate(parts):
+        found = None
+        for node in body:
+            kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+            if isinstance(node, kinds) and node.name == part:
+                found = node
+        if found is None:
+            break
+        if i == len(parts) - 1 and not isinstance(found, ast.ClassDef):
+            # sys.modules[<this module>].timed: no name is added to the script's globals
+            deco = ast.Attribute(
+                value=ast.Subscript(
+                    value=ast.Attribute(
+                        value=ast.Call(
+                            func=ast.Name(id="__import__", ctx=ast.Load()),
+                            args=[ast.Constant(value="sys")],
+                            keywords=[],
+                        ),
+                        attr="modules",
+                        ctx=ast.Load(),
+                    ),
+                    slice=_index(ast, __name__),
+                    ctx=ast.Load(),
+                ),
+                attr="timed",
+                ctx=ast.Load(),
+            )
+            found.decorator_list.append(ast.copy_location(deco, found))
+            ast.fix_missing_locations(tree)
+            STEPS["found"] = True
+            break
+        body = getattr(found, "body", [])
+    return compile(tree, filename, "exec", dont_inherit=True)
+
+
+def _index(ast, name):
+    # A target on Python 3.8 wants the subscript wrapped in ast.Index.
+    if sys.version_info >= (3, 9):  # noqa: UP036 - the agent runs on Python 3.8 too
+        return ast.Constant(value=name)
+    return ast.Index(value=ast.Constant(value=name))  # pragma: no cover - Python 3.8
+
+
+def note_traced(output_graph):
+    """The files of the code objects this graph traced (``OutputGraph.traced_code``)."""
+    codes = getattr(output_graph, "traced_code", None)
+    if codes is None:  # older torch: the tracing context holds the list
+        codes = getattr(getattr(output_graph, "tracing_context", None), "traced_code", None)
+    codes = codes or ()
+    found = set()
+    for code in codes:
+        name = getattr(code, "co_filename", None)
+        if name and not name.startswith("<"):
+            # co_qualname from Python 3.11 (``Block.forward``); co_name before it
+            found.add((name, getattr(code, "co_qualname", None) or code.co_name))
+    with _LOCK:
+        TRACED.update(f for f, _ in found)
+        for item in found:
+            if len(TRACED_CODE) < MAX_TRACED:
+                TRACED_CODE.add(item)
+
+
+def facts():
+    """The steps seen and the sources traced, for the probe's facts."""
+    with _LOCK:
+        ends = list(STEPS["ends"])
+        traced = sorted(TRACED)
+        code = sorted(TRACED_CODE)
+    out = {
+        "rule": STEPS["rule"],
+        "step_fn": STEPS["step_fn"],
+        "found": STEPS["found"] if STEPS["step_fn"] else None,
+        "steps": len(ends),
+        "intervals_s": [round(ends[i] - ends[i - 1], 6) for i in range(1, len(ends))],
+        "first_end_s": round(ends[0] - T0, 4) if ends else None,
+        "last_end_s": round(ends[-1] - T0, 4) if ends else None,
+        "at_exit_s": round(time.perf_counter() - T0, 4),
+    }
+    return {"steps": out, "traced_sources": traced, "traced_code": [list(c) for c in code]}

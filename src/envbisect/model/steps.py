@@ -1,0 +1,191 @@
+"""Samples from inside the process: the training steps the probe timed
+(``envbisect.agent.probe_steps``) turned into a run's samples, and where a run's and a
+trial's time went (start-up, compile, steps, realize).
+
+The rule, as users read it: each ``step()`` of the first optimizer that steps ends a
+training step (or, with ``--step-fn MODULE:QUALNAME``, each outermost return of that
+function). A step's time runs from the end of the step before to its own end, so step 1
+(the first compile) has none; of the rest the first third are warm-up and left out, as with
+``--warmup-lines``. When a run's own figure (``--metric-regex``, an ``ENVBISECT_RESULT``)
+gives fewer samples than the trial asked of the process, the kept steps become its samples,
+in that figure's units: the figure is read as the rate over every timed step, so one step's
+work is ``figure × mean step time`` and a kept step's sample is that work over its own time.
+The figure stays the one the command reported (the threshold is in its units); the steps
+add how much it moves, and a step the machine held up lowers its own sample, not the
+median. Tokens are not counted by the probe: the command's own figure says how much a
+step does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envbisect.model.metric import Measurement, format_ktok
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """The steps one process timed: the rule, how many, and the kept steps' times."""
+
+    rule: str  # "optimizer" | "function MODULE:QUALNAME"
+    steps: int  # step ends seen
+    first_kept: int  # 1-based number of the first kept step
+    times: tuple[float, ...]  # seconds per kept step
+    mean_s: float = 0.0  # mean time of every timed step (2..N): what the figure spans
+
+    @classmethod
+    def of(cls, facts: Mapping[str, Any] | None) -> StepSamples | None:
+        """The kept steps of a run's facts, or None when it timed fewer than two steps."""
+        steps = (facts or {}).get("steps")
+        if not isinstance(steps, Mapping):
+            return None
+        raw = steps.get("intervals_s") or []
+        times = [float(x) for x in raw if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if not times or not all(math.isfinite(t) and t > 0 for t in times):
+            return None
+        skip = len(times) // 3
+        rule = "optimizer" if steps.get("rule") == "optimizer" else f"function {steps['step_fn']}"
+        mean = sum(times) / len(times)
+        return cls(rule, int(steps.get("steps") or 0), skip + 2, tuple(times[skip:]), mean)
+
+    def scaled(self, figure: float) -> tuple[float, ...]:
+        """One sample per kept step: the work of one step, read from ``figure`` as the rate
+        over every timed step (``figure × mean step time``), over that step's time. A step
+        the machine held up lowers the figure but only its own sample, not the median."""
+        work = figure * self.mean_s
+        return tuple(work / t for t in self.times)
+
+    def used(self, figure: float, source: str | None) -> dict[str, Any]:
+        """Which samples were used, as the trial log and ``--json`` say it."""
+        how = (
+            "each step() of the first optimizer ends a step"
+            if self.rule == "optimizer"
+            else f"each return of {self.rule.split(' ', 1)[1]} ends a step"
+        )
+        last = self.first_kept + len(self.times) - 1
+        return {
+            "from": "probe",
+            "rule": how,
+            "steps_seen": self.steps,
+            "steps_used": [self.first_kept, last],
+            "left_out": f"steps 1-{self.first_kept - 1} (first compile, warm-up)",
+            "scaled_to": figure,
+            "figure_from": source,
+            "text": (
+                f"steps {self.first_kept}-{last} of {self.steps} timed by the probe ({how}), "
+                f"in the units of the reported {format_ktok(figure)} Ktok/s"
+            ),
+        }
+
+
+def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> Measurement:
+    """``m`` with the probe's timed steps as its samples, where the run's own figure gave
+    fewer than ``wanted`` and the steps give more than it did; ``m`` itself otherwise."""
+    if not m.ok or wanted <= 1 or len(m.samples) >= wanted:
+        return m
+    got = StepSamples.of(facts)
+    if got is None or len(got.times) <= len(m.samples):
+        return m
+    assert m.tok_per_s is not None
+    figure = m.tok_per_s
+    result = {
+        **m.result,
+        "samples": list(got.scaled(figure)),
+        "samples_from": got.used(figure, m.source),
+    }
+    return Measurement(figure, None, m.source, result)
+
+
+# ----------------------------------------------------------------------------- breakdown
+
+PARTS = ("startup_s", "compile_s", "steps_s", "after_s")
+
+
+def breakdown(wall_s: float, facts: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Where one process's wall time went, from its probe facts: ``startup_s`` (interpreter,
+    imports, data, model, the first step less compile), ``compile_s`` (torch.compile's own
+    time), ``steps_s`` (first step's end to the last's), ``after_s`` (the program after its
+    last step, and exit). Unknown parts are None (no probe, no steps)."""
+    out: dict[str, Any] = {"wall_s": round(wall_s, 3), **dict.fromkeys(PARTS)}
+    if not facts:
+        return out
+    comp = facts.get("compile")
+    compile_s = _num(comp.get("compile_s")) if isinstance(comp, Mapping) else None
+    found = facts.get("steps")
+    steps: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    at_exit = _num(steps.get("at_exit_s"))
+    first, last = _num(steps.get("first_end_s")), _num(steps.get("last_end_s"))
+    out["compile_s"] = compile_s
+    if at_exit is None:
+        return out
+    outside = max(0.0, wall_s - at_exit)  # interpreter start before the probe, exit after it
+    if first is not None and last is not None:
+        out["startup_s"] = round(max(0.0, outside + first - (compile_s or 0.0)), 3)
+        out["steps_s"] = round(last - first, 3)
+        out["after_s"] = round(max(0.0, at_exit - last), 3)
+    else:
+        out["startup_s"] = round(max(0.0, wall_s - (compile_s or 0.0)), 3)
+    return out
+
+
+def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A trial's time, from its ``trial.json`` calls: ``realize_s`` (the state built and
+    checked), ``fill_s`` (a warm cache made), each process part summed, the processes run,
+    which samples were used and which compile cache each call ran with."""
+    out: dict[str, Any] = {"wall_s": 0.0, "realize_s": 0.0, "fill_s": 0.0, "processes": 0}
+    parts: dict[str, float | None] = dict.fromkeys(PARTS)
+    used: list[Any] = []
+    caches: list[Any] = []
+    for call in calls:
+        runs = [r for r in call.get("runs") or () if isinstance(r, Mapping)]
+        wall = float(call.get("wall_s") or 0.0)
+        fill = float(call.get("fill_s") or 0.0)
+        ran = sum(float(r.get("wall_s") or 0.0) for r in runs)
+        out["wall_s"] += wall
+        out["fill_s"] += fill
+        out["realize_s"] += max(0.0, wall - ran - fill)
+        out["processes"] += len(runs)
+        for run in runs:
+            for part in PARTS:
+                value = _num((run.get("breakdown") or {}).get(part))
+                if value is not None:
+                    parts[part] = (parts[part] or 0.0) + value
+            if run.get("samples_from"):
+                used.append({"run": run.get("name"), **dict(run["samples_from"])})
+        if call.get("compile_cache"):
+            caches.append(call["compile_cache"])
+    out = {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+    out.update({k: None if v is None else round(v, 3) for k, v in parts.items()})
+    out["samples_from"] = used
+    out["compile_cache"] = caches
+    return out
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def describe_timing(t: Mapping[str, Any]) -> str:
+    """One line of a trial's time: ``2 processes: start-up 9.8s, compile 4.1s, steps 3.0s,
+    after 0.2s; realize 0.4s; compile cache 2 (shared, made by trial 1)``."""
+    n = int(t.get("processes") or 0)
+    words = {"startup_s": "start-up", "compile_s": "compile", "steps_s": "steps"}
+    words["after_s"] = "after"
+    parts = [f"{w} {t[k]:.1f}s" for k, w in words.items() if t.get(k) is not None]
+    text = f"{n} process{'es' if n != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
+    text += f"; realize {float(t.get('realize_s') or 0):.1f}s"
+    if t.get("fill_s"):
+        text += f"; warm cache made {float(t['fill_s']):.1f}s"
+    caches = t.get("compile_cache") or []
+    if caches:
+        last = caches[-1]
+        number = Path(str(last.get("dir", ""))).name
+        how = "shared" if last.get("shared") else "new"
+        text += f"; compile cache {number} ({how}, made by trial {last.get('made_by_trial')})"
+    return text
