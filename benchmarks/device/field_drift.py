@@ -39,6 +39,9 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 
+sys.path.insert(0, str(HERE))
+from gpu_bisect import Transcript  # noqa: E402 - the module beside us
+
 from envbisect.run.demo import FIELD_PATCH, FIXTURE, _git  # noqa: E402
 
 RACE = [
@@ -50,29 +53,6 @@ if os.environ.get("FIELD_DRIFT_SMOKE"):
 OLD_LEN = 1024
 NEW_LENS = (1536, 1024, 2048, 1280, 1024, 1792, 768, 1024)
 OWN_REGEX = r"throughput: ([0-9.]+) tok/s"
-
-
-class Transcript:
-    def __init__(self, path: Path) -> None:
-        self.fh = path.open("w", encoding="utf-8")
-        self.t0 = time.monotonic()
-
-    def say(self, text: str) -> None:
-        line = f"[{time.monotonic() - self.t0:6.1f}s] {text}"
-        print(line, flush=True)
-        self.fh.write(line + "\n")
-        self.fh.flush()
-
-    def run(self, argv: list[str], env: dict[str, str], cwd: Path, keep: bool = True):
-        self.say("$ " + shlex.join(argv))
-        t = time.monotonic()
-        proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-        if keep:
-            for stream in (proc.stdout, proc.stderr):
-                if stream.strip():
-                    self.fh.write(stream if stream.endswith("\n") else stream + "\n")
-        self.say(f"exit {proc.returncode} in {time.monotonic() - t:.1f}s")
-        return proc
 
 
 def command(py: str, own: bool, threads: int) -> list[str]:

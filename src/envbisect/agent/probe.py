@@ -58,7 +58,8 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
         tls,
     )
 else:
-    from envbisect.agent import probe_steps, profile
+    from envbisect.agent import kernel_profile as profile
+    from envbisect.agent import probe_steps
     from envbisect.agent.probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,

@@ -1,6 +1,6 @@
 """What torch ran in a few profiled steps, and how two runs differ: kernels and ops.
 
-A profiled run's ``profile`` fact (``agent/profile.py`` writes it) is a table reduced from
+A profiled run's ``profile`` fact (``agent/kernel_profile.py`` writes it) is a table reduced from
 ``torch.profiler``'s ``key_averages`` over ``steps`` training steps::
 
     steps 3, step_us 41250.0, device "cuda", trace "/…/probe.trace.json"
@@ -35,7 +35,7 @@ class ProfileRequest:
     skip: int = 3
 
     def config(self, trace: str | None) -> dict[str, Any]:
-        """The probe config's ``profile`` part (``agent/profile.py``)."""
+        """The probe config's ``profile`` part (``agent/kernel_profile.py``)."""
         return {"steps": self.steps, "skip": self.skip, "trace": trace}
 
 

@@ -60,7 +60,7 @@ def bootstrap() -> str:
     register = []
     for name, file in (
         ("_envbisect_probe_facts", "probe_facts.py"),
-        ("_envbisect_probe_profile", "profile.py"),
+        ("_envbisect_probe_profile", "kernel_profile.py"),
         ("_envbisect_probe_steps", "probe_steps.py"),
         ("_envbisect_probe", "probe.py"),
     ):
@@ -162,7 +162,7 @@ class Delivery:
     """Where one run's facts come back: a file here, or a frame with a nonce on stdout;
     ``serialize``: the probe keeps the program's compiles and FX traces one thread at a time
     (the run that makes a warm cache: threads compiling at once is the field's race);
-    ``profile``: the profiler's part of the probe config (``agent/profile.py``), if asked."""
+    ``profile``: the profiler's part of the probe config (``agent/kernel_profile.py``), if asked."""
 
     file: Path | None = None
     nonce: str | None = None

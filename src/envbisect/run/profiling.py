@@ -1,5 +1,5 @@
 """``run --profile``: the culprit's evidence, good state and culprit state, run once each
-with a few training steps under torch.profiler (``agent/profile.py``), and the two tables
+with a few training steps under torch.profiler (``agent/kernel_profile.py``), and the two tables
 compared kernel by kernel (``model.kernels``).
 
 The states are the ones that proved the culprit (the first culprit's evidence: a repo's
