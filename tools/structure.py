@@ -117,10 +117,18 @@ def long_modules(path: Path) -> list[str]:
     return []
 
 
+def shadowing_modules(path: Path) -> list[str]:
+    """An agent module named like a stdlib one: the agent's scripts run with their folder as
+    sys.path[0] (``python .../agent/drafter.py``), where it would shadow the stdlib's."""
+    if path.parent.name != "agent" or path.stem not in sys.stdlib_module_names:
+        return []
+    return [f"{path}: shadows the stdlib module {path.stem!r} when an agent script runs"]
+
+
 def main() -> int:
     findings = []
     for path in sorted((SRC / "envbisect").rglob("*.py")):
-        findings += private_imports(path) + long_modules(path)
+        findings += private_imports(path) + long_modules(path) + shadowing_modules(path)
     for line in findings:
         print(Path(line).as_posix().replace(str(ROOT) + "/", ""))
     return 1 if findings else 0
