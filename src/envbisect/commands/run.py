@@ -173,17 +173,50 @@ def command(**flags: Any) -> int:
     culprit found, 1 no single culprit, 2 bad input, 130 interrupted (resume with
     --resume; clean up with reset).
     """
-    from envbisect.agent.redact import redact_text
-    from envbisect.model.errors import UsageError
     from envbisect.model.escape import terminal
     from envbisect.model.manifest import check_writable
     from envbisect.render import report
-    from envbisect.run.endpoints import good_command_line
     from envbisect.run.options import validate_options
-    from envbisect.snapshot.when import parse_as_of
 
     args = RunFlags(**flags)
     args = replace(args, smoke_argv=command_words(args.smoke_argv, "run"))
+    when, options = _options(args)
+    if args.print_command:
+        return _print_command(options, good_known=when is None)
+    validate_options(options)
+    # Outputs are checked before the first trial: a typo must not cost a whole run.
+    for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
+        if path and path != "-":
+            check_writable(flag, Path(path))
+    rec = None
+    if when is not None:
+        config = options.config or load_config(args.config_path)
+        rec, rebuilt = (
+            _reconstructed_earlier(options.session_dir, _say)
+            if args.resume
+            else _reconstruct_good(
+                config, (options.transport, options.python), when, args.timeout_s, _say
+            )
+        )
+        options = replace(options, good=rebuilt.absolute())
+    _say(
+        f"envbisect run: {options.goal.describe()}; smoke: {options.smoke.describe()}; "
+        f"session {options.session_dir}"
+    )
+    result = _run_bisect(options, _say)
+    if rec is not None:
+        result = _with_reconstruction_notes(result, rec, _say)
+    click.echo(terminal(report.render_text(result)), nl=False)
+    _write_outputs(result, args.json_path, args.report_path)
+    return result.exit_code
+
+
+def _options(args: RunFlags) -> tuple[datetime | None, RunOptions]:
+    """``--good-as-of``'s time (or None) and the run the flags ask for; a good state named
+    nowhere, or named twice, is a usage error."""
+    from envbisect.model.errors import UsageError
+    from envbisect.snapshot.when import parse_as_of
+
     when = parse_as_of(args.good_as_of) if args.good_as_of else None
     if when is not None and args.good:
         raise UsageError("--good and --good-as-of: give one good state")
@@ -204,43 +237,32 @@ def command(**flags: Any) -> int:
         warmup_lines=args.warmup_lines,
         step_fn=args.step_fn,
     )
-    # With --good-as-of the good path is known once the state is rebuilt (below).
+    # With --good-as-of the good path is known once the state is rebuilt.
     options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
-    if args.print_command:
-        whole = not smoke.builtin and not transport.layers and good_path is not None
-        click.echo(
-            good_command_line(options) if whole else smoke_command_line(transport, py, smoke)
-        )
-        return 0
+    return when, options
 
-    # Progress is often tee'd to a file: it passes the same secret rules as the report.
-    def say(line: str) -> None:
-        click.echo(terminal(redact_text(line)), err=True)
 
-    validate_options(options)
-    # Outputs are checked before the first trial: a typo must not cost a whole run.
-    for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
-        if path and path != "-":
-            check_writable(flag, Path(path))
-    rec = None
-    if when is not None:
-        rec, rebuilt = (
-            _reconstructed_earlier(options.session_dir, say)
-            if args.resume
-            else _reconstruct_good(config, (transport, py), when, args.timeout_s, say)
-        )
-        options = replace(options, good=rebuilt.absolute())
+def _print_command(options: RunOptions, *, good_known: bool) -> int:
+    """``--print-command``: the good state's whole command line where it is known here,
+    else the smoke command as it reaches the target."""
+    from envbisect.run.endpoints import good_command_line
 
-    say(
-        f"envbisect run: {threshold.describe()}; smoke: {smoke.describe()}; "
-        f"session {options.session_dir}"
-    )
-    result = _run_bisect(options, say)
-    if rec is not None:
-        result = _with_reconstruction_notes(result, rec, say)
-    click.echo(terminal(report.render_text(result)), nl=False)
-    _write_outputs(result, args.json_path, args.report_path)
-    return result.exit_code
+    smoke, transport = options.smoke, options.transport
+    whole = not smoke.builtin and not transport.layers and good_known
+    if whole:
+        click.echo(good_command_line(options))
+    else:
+        click.echo(smoke_command_line(transport, options.python, smoke))
+    return 0
+
+
+def _say(line: str) -> None:
+    """One progress line on stderr; it is often tee'd to a file, so it passes the same
+    secret rules as the report."""
+    from envbisect.agent.redact import redact_text
+    from envbisect.model.escape import terminal
+
+    click.echo(terminal(redact_text(line)), err=True)
 
 
 @dataclass(frozen=True)
