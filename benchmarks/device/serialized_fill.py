@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +57,7 @@ def one(kind: str, index: int, timeout: float) -> dict:
     wall = time.monotonic() - t0
     res = _json(work / "result.json")
     facts = _json(work / "facts.json")
+    shutil.rmtree(work, ignore_errors=True)  # the caches it compiled: hundreds of MB on a GPU
     threads = (res.get("threads") or {}).get("per_thread") or []
     died = [i for i, t in enumerate(threads) if not t.get("ok")]
     crash = (facts.get("crash") or {}).get("message") or next(
