@@ -4,6 +4,7 @@ and ``facts()``, read at exit: torch.compile counters, CUDA memory and the FX fl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -44,23 +45,10 @@ def serialized():
     config: the run that makes a warm cache); else nothing. Re-entrant; a thread that waits
     longer than ``SERIAL_WAIT_S`` goes on without the lock rather than hang the run."""
     lock = SEEN["serial"]
-    if lock is None:
-        return _NOTHING
-    return _Held(lock)
+    return contextlib.nullcontext() if lock is None else _Held(lock)
 
 
 SERIAL_WAIT_S = 600
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOTHING = _Nothing()
 
 
 class _Held:

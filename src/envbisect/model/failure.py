@@ -20,6 +20,10 @@ class FailureKind(str, Enum):
     OTHER = "other"  # text from elsewhere (an older session log, a test)
 
 
+# Failures of a run that count towards a state's crash rate (a build failure is no run).
+CRASH_KINDS = (FailureKind.CRASH, FailureKind.TIMEOUT)
+
+
 class Failure(str):
     """A failure's text, carrying its kind. Compare, print and serialize it as a string."""
 

@@ -28,6 +28,7 @@ from envbisect.run.result import (
 )
 from envbisect.run.triallog import read_timing
 from envbisect.search import SearchResult, State, Trial
+from envbisect.search.crashrate import CrashRate
 from envbisect.search.verdict import Noise, median
 
 if TYPE_CHECKING:
@@ -274,13 +275,10 @@ def crash_finding(good: Trial, bad: Trial) -> str | None:
     """``crashed 5 of 5 (good: 0 of 4): RuntimeError: ...`` when the culprit's state crashed."""
     if not bad.crashes:
         return None
-    rate = f"crashed {bad.crashes} of {max(bad.runs, bad.crashes)}"
+    rate = CrashRate(bad.crashes, max(bad.runs, bad.crashes)).describe()
     if good.runs:
         rate += f" (good: {good.crashes} of {good.runs})"
-    error = str(bad.failure) if bad.failure else None
-    if error:
-        for prefix in ("crash: ", "timeout: "):
-            error = error.removeprefix(prefix)
+    error = str(bad.failure).removeprefix("crash: ") if bad.failure else None
     return f"{rate}: {error}" if error else rate
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from envbisect.model.errors import TransportError
 from envbisect.model.facts import from_drafter
-from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.failure import Failure
 from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricSpec, measure
 from envbisect.model.steps import breakdown, with_steps
@@ -35,9 +35,6 @@ DRAFTER = "envbisect.agent.drafter"
 
 
 # ----------------------------------------------------------------------------- one run
-
-# Failures of a run that count towards a state's crash rate (a build failure is no run).
-CRASH_KINDS = (FailureKind.CRASH, FailureKind.TIMEOUT)
 
 
 @dataclass(frozen=True)

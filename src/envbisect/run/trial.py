@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from envbisect.model.errors import CommandFailed
 from envbisect.model.events import TrialRecord
-from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.failure import CRASH_KINDS, Failure, FailureKind
 from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import Measurement, format_ktok
 from envbisect.model.session import Session, state_key
@@ -30,7 +30,6 @@ from envbisect.realize.faithful import StateCheck, check_state, expected_facts
 from envbisect.run import cmdcheck, contention, probed
 from envbisect.run.compilecache import CacheUse, CompileCaches, with_cache
 from envbisect.run.launch import (
-    CRASH_KINDS,
     RunLog,
     RunSpec,
     SmokeCommand,

@@ -8,7 +8,7 @@ one-sided Fisher test at the per-state confidence); otherwise its clean runs jud
 
 from __future__ import annotations
 
-from envbisect.model.failure import FailureKind
+from envbisect.model.failure import CRASH_KINDS
 from envbisect.search.crashrate import CrashRate, clear_confidence, more_often, runs_to_clear
 from envbisect.search.result import EventKind
 from envbisect.search.samples import Record, SampleCache
@@ -64,10 +64,12 @@ class CrashWatch:
         )
 
     def regime(self, good: Record, bad: Record) -> None:
-        """Once the bad endpoint has crashed: its rate, and the good endpoint cleared."""
+        """Once the bad endpoint has crashed: its rate, and the good endpoint cleared; a good
+        endpoint that crashed but also ran clean becomes the baseline (``tolerate``)."""
         if self.rate is None and self.crashed(bad):
             self.estimate(bad)
             self.clear(good)
+        self.tolerate(good, bad)
 
     def look(self, bad: Record) -> None:
         """A bad endpoint that is not slow: up to ``crash_runs`` runs looking for a crash."""
@@ -175,9 +177,5 @@ MAX_BASE_RUNS = 12
 
 def _forgive(rec: Record) -> None:
     """A state that crashed no more often than the good state: its clean runs judge it."""
-    crashed = rec.failure is not None and rec.failure.kind in (
-        FailureKind.CRASH,
-        FailureKind.TIMEOUT,
-    )
-    if crashed and rec.samples:
+    if rec.failure is not None and rec.failure.kind in CRASH_KINDS and rec.samples:
         rec.failure = None

@@ -59,7 +59,6 @@ class Endpoints:
                 self.threshold.set_from_endpoints(good, bad)
             self.load.endpoints(good, bad)
         self.crashes.regime(good, bad)
-        self.crashes.tolerate(good, bad)
         if good.failure:
             return self._failed_good(good, bad)
         good.verdict, bad.verdict = self._settle(good, bad)
@@ -68,7 +67,6 @@ class Endpoints:
                 self.crashes.look(bad)
             if self.crashes.crashed(bad):  # in the runs above, or in the endpoints' more samples
                 self.crashes.regime(good, bad)
-                self.crashes.tolerate(good, bad)
                 if good.failure:
                     return self._failed_good(good, bad)
                 good.verdict, bad.verdict = self._settle(good, bad)

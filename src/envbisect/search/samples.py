@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.failure import CRASH_KINDS, Failure
 from envbisect.search.budget import Budget
 from envbisect.search.result import Event, EventKind, Trial
 from envbisect.search.state import BatchTestFn, Outcome, Purpose, State, TestFn
@@ -64,7 +64,7 @@ class Record:
         self.contended.extend(f for _, f in kept)
         self.runs += max(1, out.runs)
         failure = Failure.of(out.failure) if out.failure else None
-        crashed = failure is not None and failure.kind in (FailureKind.CRASH, FailureKind.TIMEOUT)
+        crashed = failure is not None and failure.kind in CRASH_KINDS
         self.crashes += out.crashes or (1 if crashed else 0)
         if out.untestable:
             self.untestable = True
