@@ -62,6 +62,10 @@ class Endpoints:
         if good.failure:
             return self._failed_good(good, bad)
         good.verdict, bad.verdict = self._settle(good, bad)
+        if self._good_crashed_late(good, bad):
+            if good.failure:
+                return self._failed_good(good, bad)
+            good.verdict, bad.verdict = self._settle(good, bad)
         if self.crashes.rate is None and self.crashes.on_failure is OnFailure.BAD:
             if self.crashes.crash_runs and bad.verdict is not Verdict.BAD:
                 self.crashes.look(bad)
@@ -73,6 +77,16 @@ class Endpoints:
         self.scheduler.report(good)
         self.scheduler.report(bad)
         return self._not_reproduced(good, bad)
+
+    def _good_crashed_late(self, good: Record, bad: Record) -> bool:
+        """The good state crashed in one of its later samples (the field's race strikes a
+        warm cache too, 2 of 10 on the H200): it ran clean before, so its crash rate becomes
+        the baseline rather than its verdict. True when the crash regime took it (or the
+        crash stands: ``good.failure`` then says so)."""
+        if not self.crashes.crashed(good) or self.crashes.base is not None:
+            return False
+        self.crashes.regime(good, bad)
+        return True
 
     def _unfaithful(self, good: Record, bad: Record) -> Reason:
         for r in (good, bad):
