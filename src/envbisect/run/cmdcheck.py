@@ -120,4 +120,17 @@ def message(state: str, run: RunFacts, *, both: bool = False) -> str:
     ]
     if run.log_dir is not None:
         parts.append(f"  logs: {run.log_dir}")
+    if _remote_in_worktree(run):
+        parts.append(
+            "  hint: through --via/--target the command runs in the repo's worktree on the "
+            "target, not where you typed it (this machine's cwd names nothing there): type "
+            "its paths relative to the repo (python train.py) or absolute"
+        )
     return "\n".join(parts)
+
+
+def _remote_in_worktree(run: RunFacts) -> bool:
+    """A remote run (no local origin) placed in a worktree that could not find a path."""
+    if run.origin is not None or run.cwd is None or "/worktrees/" not in f"{run.cwd}/":
+        return False
+    return bool(re.search(r"can't open file|No such file or directory", run.line))
