@@ -327,6 +327,7 @@ def _install():
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
         profile.configure(config)
         step_hooks = probe_steps.configure(config)
+        _stacks_later(config.get("stacks_after"))
 
     shown = warnings.showwarning
 
@@ -355,6 +356,16 @@ def _install():
         if name in sys.modules:  # imported before us (a sitecustomize): hook it now
             _quietly(finder.hooks.pop(name), sys.modules[name])
     sys.meta_path.insert(0, finder)
+
+
+def _stacks_later(seconds):
+    """A run about to be killed at its timeout writes every thread's stack to stderr first
+    (faulthandler's watchdog; nothing runs before then): where a hang hangs."""
+    if isinstance(seconds, (int, float)) and seconds > 0:
+        import faulthandler
+
+        with contextlib.suppress(ValueError, RuntimeError, OSError, AttributeError):
+            faulthandler.dump_traceback_later(float(seconds), exit=False)
 
 
 def _with_step_hooks(step_hooks):

@@ -187,6 +187,10 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         frame=frame,
         spec=smoke.metric,
     )
+    if launch.timed_out and launch.probed and probed.STACKS_MARK in launch.stderr:
+        reading = replace(
+            reading, failure=Failure.timeout(f"after {spec.timeout_s:g}s; {probed.STACKS_NOTE}")
+        )
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)
 
@@ -221,7 +225,12 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
         if wrapped.probed:
             argv = list(wrapped.argv)
             delivery = probed.Delivery.for_run(spec.log_dir, spec.name, spec.remote)
-            delivery = replace(delivery, serialize=spec.serialize_compiles, step_fn=smoke.step_fn)
+            delivery = replace(
+                delivery,
+                serialize=spec.serialize_compiles,
+                step_fn=smoke.step_fn,
+                stacks_after=probed.stacks_at(spec.timeout_s),
+            )
             if spec.profile is not None:
                 trace = probed.trace_path(spec.log_dir, spec.name, spec.remote)
                 delivery = replace(delivery, profile=spec.profile.config(trace))

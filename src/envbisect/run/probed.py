@@ -169,6 +169,7 @@ class Delivery:
     serialize: bool = False
     profile: dict[str, Any] | None = None
     step_fn: str | None = None  # MODULE:QUALNAME whose returns end a step (else optimizer steps)
+    stacks_after: float | None = None  # every thread's stack to stderr then (a hang's where)
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -187,6 +188,8 @@ class Delivery:
             config["profile"] = dict(self.profile)
         if self.step_fn:
             config["step_fn"] = self.step_fn
+        if self.stacks_after:
+            config["stacks_after"] = round(self.stacks_after, 1)
         return {CONFIG_ENV: json.dumps(config)}
 
     def collect(
@@ -297,7 +300,9 @@ def probe_command(
     if not wrapped.probed:
         raise UsageError(f"cannot run {shlex_join(argv)} under the probe: {wrapped.why_not}")
     remote = bool(transport.layers)
-    delivery = Delivery.for_run(log_dir, "probe", remote)
+    delivery = replace(
+        Delivery.for_run(log_dir, "probe", remote), stacks_after=stacks_at(timeout_s)
+    )
     if profile is not None:
         delivery = replace(delivery, profile=profile.config(trace_path(log_dir, "probe", remote)))
     env = None
@@ -310,6 +315,19 @@ def probe_command(
     )
     facts, _stdout = delivery.collect(res.stdout(), log_dir, "probe")
     return ProbeRun(wrapped.argv, facts, res.returncode, res.timed_out, log_dir)
+
+
+def stacks_at(timeout_s: float) -> float | None:
+    """When the probe writes every thread's stack to the program's stderr: shortly before
+    the run's timeout, so that a program killed for hanging leaves where it hung (None:
+    too short a timeout to leave room)."""
+    if timeout_s < 20:
+        return None
+    return timeout_s - min(10.0, 0.05 * timeout_s)
+
+
+STACKS_NOTE = "every thread's stack, written just before the timeout, ends its stderr log"
+STACKS_MARK = b"(most recent call first)"  # faulthandler's heading of each thread's stack
 
 
 def shlex_join(argv: tuple[str, ...] | list[str]) -> str:
