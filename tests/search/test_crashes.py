@@ -124,3 +124,43 @@ def test_a_good_state_crashing_while_the_endpoints_settle_becomes_the_baseline()
     good = res.trials[0]
     assert good.crashes == 1 and good.failure is None and good.runs >= 8
     assert "slow here too" not in res.message
+
+
+class FirstGoodCrash:
+    """As on the H100 (field drift, built-in drafter): the good state's very first run
+    crashes, the next ones run clean; ``data`` is slow."""
+
+    def __init__(self) -> None:
+        self.runs: dict[frozenset[str], int] = {}
+
+    def __call__(self, state: State, n: int) -> Outcome:
+        k = self.runs[state.applied] = self.runs.get(state.applied, 0) + 1
+        if not state.applied and k == 1:
+            return Outcome(failure="crash: exit 1: RuntimeError: Detected that you are using FX")
+        base = 300.0 if "data" in state.applied else 1000.0
+        return Outcome(samples=tuple(base * (0.95 + 0.05 * ((k + i) % 3)) for i in range(n)))
+
+
+def test_a_good_state_whose_first_run_crashed_is_run_again_before_it_fails() -> None:
+    from envbisect.search import search
+
+    res = search(["data", "patch"], FirstGoodCrash(), find_all=True, threshold_fraction=0.7)
+    assert res.outcome.value == "found", res.message
+    assert [c.units for c in res.culprits] == [("data",)]
+    good = res.trials[0]
+    assert good.crashes >= 1 and good.failure is None and good.runs >= 8
+
+
+def test_a_good_state_that_crashes_every_time_still_fails_after_its_tries() -> None:
+    from envbisect.search import search
+    from envbisect.search.crashes import GOOD_TRIES
+
+    def always(state: State, n: int) -> Outcome:
+        if not state.applied:
+            return Outcome(failure="crash: exit 1: RuntimeError: boom")
+        return Outcome(samples=(300.0,) * n)
+
+    res = search(["data"], always, threshold_fraction=0.7)
+    assert res.outcome.value == "not-reproduced"
+    assert "the good state fails here too" in res.message
+    assert res.trials[0].runs == GOOD_TRIES and res.trials[0].crashes == GOOD_TRIES

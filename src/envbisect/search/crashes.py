@@ -119,6 +119,25 @@ class CrashWatch:
             )
             self.cache.call(rec, 1)
 
+    def retry_good(self, good: Record) -> None:
+        """The good state crashed in every run so far (the field's warm cache crashes 2 runs
+        in 10): up to ``GOOD_TRIES`` runs, until one runs clean. Then its rate becomes the
+        baseline (``tolerate``); a state that crashes every time stays failed."""
+        if not self.crashed(good) or good.samples or self.base is not None:
+            return
+        while not good.samples and good.runs < GOOD_TRIES:
+            self.cache.emit(
+                EventKind.MORE_SAMPLES,
+                say(
+                    Say.GOOD_RETRY,
+                    index=good.index,
+                    rate=CrashRate(good.crashes, good.runs),
+                    of=GOOD_TRIES,
+                ),
+                good,
+            )
+            self.cache.call(good, 1)
+
     def tolerate(self, good: Record, bad: Record) -> None:
         """The good state crashed, but also ran clean: run it to ``BASE_RUNS`` for its rate,
         which becomes the baseline; the bad state is then judged against it like any other."""
@@ -172,6 +191,9 @@ class CrashWatch:
 # Runs of a good state that crashes now and then, for its rate; a state's runs at most while
 # its rate is told from that one.
 BASE_RUNS = 8
+# Runs of a good state that crashed every time so far before it counts as failing: a race
+# that strikes 1 run in 5 crashes 4 in a row once in 625 tries.
+GOOD_TRIES = 4
 MAX_BASE_RUNS = 12
 
 

@@ -51,6 +51,7 @@ class Endpoints:
         )
         if good.untestable or bad.untestable:
             return self._unfaithful(good, bad)
+        self.crashes.retry_good(good)
         if not good.failure:
             # A recheck is judged like any measurement: with a failed full set there is no
             # default threshold from both medians, so set the one a failure sets first. A

@@ -27,6 +27,7 @@ class Say(str, Enum):
     LOOK_FOR_CRASH = "look-for-crash"
     CULPRIT_RATE = "culprit-rate"
     BASE_RATE = "base-rate"
+    GOOD_RETRY = "good-retry"
     CRASH_BASELINE = "crash-baseline"
     AGAINST_BASE = "against-base"
     CLEAN_RUN = "clean-run"
@@ -185,6 +186,10 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     Say.BASE_RATE: lambda index, rate: (
         f"trial {index}: the good state {rate.describe()} but also ran clean; one more run "
         "for its own crash rate"
+    ),
+    Say.GOOD_RETRY: lambda index, rate, of: (
+        f"trial {index}: the good state {rate.describe()}; run {rate.runs + 1} of {of}: a "
+        "race strikes now and then, a broken state every time"
     ),
     Say.CRASH_BASELINE: lambda rate, alpha: (
         f"the good state {rate.describe()} runs: that is the baseline; a state counts as "
