@@ -210,3 +210,35 @@ def test_a_listed_model_file_is_narrowed_to_its_commit_and_hunk_in_every_form(
     assert line.startswith(f"Culprit: commit {slow[:7]} "), line
     assert "repo/model.py hunk @@ -1,1 +1,1 @@" in line, line
     assert [t for t in doc["trials"] if t.get("failure")] == [], out
+
+
+def test_a_bad_manifest_edited_to_a_commit_the_repo_lacks_names_the_commit(
+    world: UserRepo, tmp_path: Path
+) -> None:
+    """Someone edited the bad manifest: its repo's head is a commit the repo does not hold,
+    and nothing else differs. The run says which commit, and does not blame the good state."""
+    import yaml
+
+    good = yaml.safe_load(world.good.read_text())
+    bad = yaml.safe_load(world.bad.read_text())
+    bad["env"] = good["env"]
+    bad["git"][str(world.repo)]["head"] = "deadbeef" * 5
+    edited = tmp_path / "bad-edited.yaml"
+    edited.write_text(yaml.safe_dump(bad))
+    res = envbisect(
+        world.ws,
+        "run",
+        "--config", str(world.config),
+        "--good", str(world.good),
+        "--bad", str(edited),
+        "--python", str(world.python),
+        "--session", str(world.ws / ".envbisect" / "s-edited"),
+        "--metric-regex", METRIC,
+        "--until", "50%",
+        "--", "python", "repo/train.py", "--data", "repo/data/x.jsonl",
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "nothing to bisect: no change can be realized here: " in out
+    assert "commit deadbeefdead is not in that repo" in out
+    assert "good state cannot be realized" not in out

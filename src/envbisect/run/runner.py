@@ -372,9 +372,10 @@ def _nothing_to_bisect(context: RunContext, actuator: Actuator) -> RunResult:
     if not context.diff.units:
         why = "the manifests are identical"
     elif context.blocked:
-        # The good state cannot be built at all: nothing about the cause is known.
+        # No change can be realized here (either side's value: a commit the repo lacks, a
+        # dataset gone): nothing about the cause is known.
         outcome = RunOutcome.UNFAITHFUL
-        why = "the good state cannot be realized: " + "; ".join(
+        why = "no change can be realized here: " + "; ".join(
             context.blocked[u] for u in sorted(context.blocked)
         )
     else:
