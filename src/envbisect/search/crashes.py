@@ -107,17 +107,7 @@ class CrashWatch:
         """A culprit's own state crashed: run it until ``rate_runs`` runs, so that its line
         says a rate ("crashed 5 of 5"), not one crash."""
         while rec.crashes and not rec.untestable and rec.runs < self.rate_runs:
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(
-                    Say.CULPRIT_RATE,
-                    index=rec.index,
-                    rate=CrashRate(rec.crashes, rec.runs),
-                    of=self.rate_runs,
-                ),
-                rec,
-            )
-            self.cache.call(rec, 1)
+            self._once_more(rec, Say.CULPRIT_RATE, self.rate_runs)
 
     def retry_good(self, good: Record) -> None:
         """The good state crashed in every run so far (the field's warm cache crashes 2 runs
@@ -126,17 +116,13 @@ class CrashWatch:
         if not self.crashed(good) or good.samples or self.base is not None:
             return
         while not good.samples and good.runs < GOOD_TRIES:
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(
-                    Say.GOOD_RETRY,
-                    index=good.index,
-                    rate=CrashRate(good.crashes, good.runs),
-                    of=GOOD_TRIES,
-                ),
-                good,
-            )
-            self.cache.call(good, 1)
+            self._once_more(good, Say.GOOD_RETRY, GOOD_TRIES)
+
+    def _once_more(self, rec: Record, why: Say, of: int) -> None:
+        """One more run of ``rec``, said with its crash rate so far and the runs it goes to."""
+        rate = CrashRate(rec.crashes, rec.runs)
+        self.cache.emit(EventKind.MORE_SAMPLES, say(why, index=rec.index, rate=rate, of=of), rec)
+        self.cache.call(rec, 1)
 
     def tolerate(self, good: Record, bad: Record) -> None:
         """The good state crashed, but also ran clean: run it to ``BASE_RUNS`` for its rate,
