@@ -163,3 +163,22 @@ def test_starting_over_a_live_unfinished_session_names_its_process(tmp_path: Pat
         sleeper.wait()
     with pytest.raises(SessionError, match="continue it with --resume"):
         Session.start(s.root, {})  # its process is gone: now it is only unfinished
+
+
+def test_the_default_session_folder_is_never_listed_by_git(tmp_path: Path) -> None:
+    """Run from inside a repo, ``.envbisect/session`` sits in the user's worktree: ``git
+    status`` stays as it was. A ``--session`` folder of another name gets no file."""
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    s = Session.start(repo / ".envbisect" / "session", {"good": "g", "bad": "b"})
+    s.unlock()
+    status = subprocess.run(
+        ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=all"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert status.stdout == ""
+    other = Session.start(tmp_path / "elsewhere" / "s", {"good": "g", "bad": "b"})
+    other.unlock()
+    assert not (tmp_path / "elsewhere" / ".gitignore").exists()

@@ -224,6 +224,7 @@ class Session:
             shutil.rmtree(session.root)
             session = cls(root)
         session.root.mkdir(parents=True, exist_ok=True)
+        _ignored_by_git(session.root.parent)
         session.lock()
         session.append(StartEvent(time.time(), header))
         return session
@@ -391,3 +392,14 @@ class ResetReport:
     worktrees: tuple[Path, ...]
     removed: tuple[Path, ...]
     kept: tuple[KeptEdit, ...] = ()
+
+
+def _ignored_by_git(folder: Path) -> None:
+    """The default ``.envbisect/`` (run from inside a repo it sits in the user's worktree)
+    holds a ``.gitignore`` of ``*``: ``git status`` never lists the sessions."""
+    if folder.name != ".envbisect":
+        return
+    with contextlib.suppress(OSError):
+        marker = folder / ".gitignore"
+        if not marker.exists():
+            marker.write_text("# envbisect's sessions: never part of the repo\n*\n")
