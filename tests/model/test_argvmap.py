@@ -149,3 +149,15 @@ def test_dash_m_from_the_parent_imports_the_states_copy(world: dict[str, Path]) 
         "-m",
         "repo.pkg.mod",
     ]
+
+
+def test_a_shell_cd_above_a_repo_is_found_and_one_into_it_is_not() -> None:
+    from envbisect.model.argvmap import live_cd
+
+    roots = ["/ws/repo"]
+    assert live_cd(["bash", "-c", "cd /ws && python repo/train.py"], roots) == "/ws"
+    assert live_cd(["sh", "-lc", "cd /ws/ && python repo/t.py"], roots) == "/ws"
+    assert live_cd(["bash", "-c", "cd /ws/repo && python train.py"], roots) is None
+    assert live_cd(["bash", "-c", "cd /elsewhere && python t.py"], roots) is None
+    assert live_cd(["python", "train.py"], roots) is None
+    assert live_cd(["bash", "-c", "cd 'unbalanced"], roots) is None

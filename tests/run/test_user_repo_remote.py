@@ -108,3 +108,17 @@ def test_the_repo_is_narrowed_to_its_first_bad_commit_through_layers(
     assert marked == [f"{world.slow_commit[:12]} {SLOW_SUBJECT}  ← first bad commit"], res.output
     assert [t for t in doc["trials"] if t.get("failure")] == [], res.output
     _probe_facts(doc)
+
+
+def test_a_shell_script_that_cds_above_the_repo_is_said_at_the_start(
+    world: UserRepo,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    """``bash -c 'cd /abs/ws && python repo/train.py'`` through ssh: nothing maps the
+    relative path after the cd, so every trial would run the live repo. The run says so at
+    the start instead of answering from the live tree in silence."""
+    script = f"cd {world.ws} && python repo/train.py --data repo/data/x.jsonl"
+    res, _doc = _run(world, sshd_server, "ssh", "cd-live", "bash", "-c", script)
+    note = next((x for x in res.output.splitlines() if "changes into" in x), "")
+    assert note.startswith(f"note: the command's shell script changes into {world.ws}"), res.output
+    assert "relative paths after that name the live repo there" in note

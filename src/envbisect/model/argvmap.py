@@ -151,6 +151,32 @@ class PathMapper:
         return out
 
 
+def live_cd(argv: Sequence[str], roots: Sequence[str]) -> str | None:
+    """The directory a shell ``-c`` script of ``argv`` changes into with ``cd DIR`` when
+    ``DIR`` is absolute and above one of ``roots`` (a bisected repo): the script's relative
+    paths after it then name the live tree. Locally they are mapped from where the user ran
+    envbisect; through layers nothing maps them (see the README's table), so the run says
+    so. None when there is no such ``cd``."""
+    if not argv or posixpath.basename(argv[0]) not in SHELLS:
+        return None
+    for i in range(1, len(argv)):
+        if not _is_c_flag(argv[i - 1]):
+            continue
+        try:
+            words = shlex.split(argv[i], comments=False)
+        except ValueError:
+            return None
+        for w, target in zip(words, words[1:], strict=False):
+            if w != "cd" or not target.startswith("/"):
+                continue
+            here = posixpath.normpath(target)
+            for root in roots:
+                root = posixpath.normpath(root)
+                if root.startswith(here.rstrip("/") + "/"):  # into the repo itself: mapped
+                    return here
+    return None
+
+
 _PY_VALUE_OPTS = frozenset(("-W", "-X", "--check-hash-based-pycs"))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from envbisect.model import manifest as mf
+from envbisect.model.argvmap import live_cd
 from envbisect.model.errors import ActuationError
 from envbisect.model.session import Session
 from envbisect.model.sources import Sources, uv_args
@@ -108,6 +109,9 @@ class RunContext:
             elif unit.id in blocked:
                 # The actuator's reason already starts with the section and key.
                 progress(f"not bisected: {blocked[unit.id]}")
+        cd = _remote_live_cd(options, diff)
+        if cd is not None:
+            notes = (*notes, cd)
         for note in notes:
             progress(f"note: {note}")
         reading = None if options.transport.layers else contention.probe()
@@ -201,3 +205,19 @@ def target_args(options: RunOptions) -> tuple[str, ...]:
     for layer in options.transport.layers:
         words += ["--via", layer.describe()]
     return tuple(words)
+
+
+def _remote_live_cd(options: RunOptions, diff: DiffResult) -> str | None:
+    """Through layers, a shell script that ``cd``s above a bisected repo runs
+    its relative paths in the live tree, not the state's worktree: said at the start."""
+    if not options.transport.layers:
+        return None
+    repos = [str(c.key) for u in diff.units for c in u.changes if c.section == "git"]
+    where = live_cd(options.smoke.argv, repos)
+    if where is None:
+        return None
+    return (
+        f"the command's shell script changes into {where}: through --via/--target its "
+        "relative paths after that name the live repo there, not each state's worktree; "
+        "type them absolute, or drop the cd and type them relative to the repo"
+    )
