@@ -97,20 +97,23 @@ def test_the_rate_test_tells_more_crashes_from_the_good_states() -> None:
     assert more_often(CrashRate(0, 5), CrashRate(2, 10)) == 1.0
 
 
-class LateGoodCrash:
-    """The good state runs clean at first and crashes on its fourth run (a warm cache still
-    races now and then); samples are noisy, so settling the endpoints takes more runs. The
-    full set (``data``) is slow and never crashes."""
+class GoodCrashesOnce:
+    """The good state crashes on its ``crash_run``-th run and runs clean on every other
+    (a warm cache still races now and then); ``data`` is slow (``data_rate``) and never
+    crashes; every sample is within ``spread`` of its rate."""
 
-    def __init__(self) -> None:
+    def __init__(self, crash_run: int, data_rate: float, spread: float) -> None:
+        self.crash_run, self.data_rate, self.spread = crash_run, data_rate, spread
         self.runs: dict[frozenset[str], int] = {}
 
     def __call__(self, state: State, n: int) -> Outcome:
         k = self.runs[state.applied] = self.runs.get(state.applied, 0) + 1
-        if not state.applied and k == 4:
+        if not state.applied and k == self.crash_run:
             return Outcome(failure="crash: exit 1: RuntimeError: Detected that you are using FX")
-        base = 450.0 if "data" in state.applied else 1000.0
-        return Outcome(samples=tuple(base * (0.6 + 0.8 * ((k + i) % 3) / 2) for i in range(n)))
+        base = self.data_rate if "data" in state.applied else 1000.0
+        return Outcome(
+            samples=tuple(base * (1 - self.spread + self.spread * ((k + i) % 3)) for i in range(n))
+        )
 
 
 def test_a_good_state_crashing_while_the_endpoints_settle_becomes_the_baseline() -> None:
@@ -118,7 +121,9 @@ def test_a_good_state_crashing_while_the_endpoints_settle_becomes_the_baseline()
     later sample and the run ended "the good state is slow here too"."""
     from envbisect.search import search
 
-    res = search(["data", "patch"], LateGoodCrash(), find_all=True, threshold_fraction=0.7)
+    res = search(
+        ["data", "patch"], GoodCrashesOnce(4, 450.0, 0.4), find_all=True, threshold_fraction=0.7
+    )
     assert res.outcome.value == "found", res.message
     assert [c.units for c in res.culprits] == [("data",)]
     good = res.trials[0]
@@ -126,25 +131,14 @@ def test_a_good_state_crashing_while_the_endpoints_settle_becomes_the_baseline()
     assert "slow here too" not in res.message
 
 
-class FirstGoodCrash:
-    """As on the H100 (field drift, built-in drafter): the good state's very first run
-    crashes, the next ones run clean; ``data`` is slow."""
-
-    def __init__(self) -> None:
-        self.runs: dict[frozenset[str], int] = {}
-
-    def __call__(self, state: State, n: int) -> Outcome:
-        k = self.runs[state.applied] = self.runs.get(state.applied, 0) + 1
-        if not state.applied and k == 1:
-            return Outcome(failure="crash: exit 1: RuntimeError: Detected that you are using FX")
-        base = 300.0 if "data" in state.applied else 1000.0
-        return Outcome(samples=tuple(base * (0.95 + 0.05 * ((k + i) % 3)) for i in range(n)))
-
-
 def test_a_good_state_whose_first_run_crashed_is_run_again_before_it_fails() -> None:
+    """Seen on the H100 (field drift, built-in drafter): the good state's very first run
+    crashed and the run ended "the good state fails here too"."""
     from envbisect.search import search
 
-    res = search(["data", "patch"], FirstGoodCrash(), find_all=True, threshold_fraction=0.7)
+    res = search(
+        ["data", "patch"], GoodCrashesOnce(1, 300.0, 0.05), find_all=True, threshold_fraction=0.7
+    )
     assert res.outcome.value == "found", res.message
     assert [c.units for c in res.culprits] == [("data",)]
     good = res.trials[0]

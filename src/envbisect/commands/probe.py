@@ -73,7 +73,7 @@ def command(
     """
     from envbisect.model.facts import describe
     from envbisect.model.kernels import ProfileRequest
-    from envbisect.run.probed import STACKS_NOTE, probe_command, shown, stacks_at
+    from envbisect.run.probed import STACKS_NOTE, left_stacks, probe_command, shown
 
     argv = command_words(argv, "probe")
     config = load_config(config_path)
@@ -96,7 +96,8 @@ def command(
             lines += _profile_lines(run.facts)
         if run.timed_out:
             lines.append(f"timed out after {timeout_s:g} s")
-            if stacks_at(timeout_s) is not None:
+            stderr = log_dir / "probe.stderr"
+            if stderr.is_file() and left_stacks(stderr.read_bytes()):
                 lines.append(f"  {STACKS_NOTE}")
         click.echo("\n".join([*lines, f"program output: {log_dir}/probe.stdout, probe.stderr"]))
     return 0 if run.exit_status == 0 and not run.timed_out else 1

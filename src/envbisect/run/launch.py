@@ -187,10 +187,8 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         frame=frame,
         spec=smoke.metric,
     )
-    if launch.timed_out and launch.probed and probed.STACKS_MARK in launch.stderr:
-        reading = replace(
-            reading, failure=Failure.timeout(f"after {spec.timeout_s:g}s; {probed.STACKS_NOTE}")
-        )
+    if launch.timed_out and launch.probed and probed.left_stacks(launch.stderr):
+        reading = replace(reading, failure=Failure(f"{reading.failure}; {probed.STACKS_NOTE}"))
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)
 

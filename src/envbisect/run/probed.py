@@ -327,7 +327,12 @@ def stacks_at(timeout_s: float) -> float | None:
 
 
 STACKS_NOTE = "every thread's stack, written just before the timeout, ends its stderr log"
-STACKS_MARK = b"(most recent call first)"  # faulthandler's heading of each thread's stack
+
+
+def left_stacks(stderr: bytes) -> bool:
+    """Whether a run's stderr holds the stacks the probe wrote before its timeout
+    (faulthandler heads each thread's stack so)."""
+    return b"(most recent call first)" in stderr
 
 
 def shlex_join(argv: tuple[str, ...] | list[str]) -> str:

@@ -59,35 +59,34 @@ class Endpoints:
             if bad.failure or not bad.samples:
                 self.threshold.set_from_endpoints(good, bad)
             self.load.endpoints(good, bad)
-        self.crashes.regime(good, bad)
-        if good.failure:
-            return self._failed_good(good, bad)
-        good.verdict, bad.verdict = self._settle(good, bad)
-        if self._good_crashed_late(good, bad):
-            if good.failure:
-                return self._failed_good(good, bad)
-            good.verdict, bad.verdict = self._settle(good, bad)
+        if (why := self._regime_and_settle(good, bad)) is not None:
+            return why
+        # The good state crashed in a later sample (the field's race strikes a warm cache
+        # too, 2 runs in 10 on the H200): it ran clean before, so its rate is the baseline.
+        late = self.crashes.crashed(good) and self.crashes.base is None
+        if late and (why := self._regime_and_settle(good, bad)) is not None:
+            return why
         if self.crashes.rate is None and self.crashes.on_failure is OnFailure.BAD:
             if self.crashes.crash_runs and bad.verdict is not Verdict.BAD:
                 self.crashes.look(bad)
-            if self.crashes.crashed(bad):  # in the runs above, or in the endpoints' more samples
-                self.crashes.regime(good, bad)
-                if good.failure:
-                    return self._failed_good(good, bad)
-                good.verdict, bad.verdict = self._settle(good, bad)
+            # A crash in the runs above, or in the endpoints' more samples:
+            if (
+                self.crashes.crashed(bad)
+                and (why := self._regime_and_settle(good, bad)) is not None
+            ):
+                return why
         self.scheduler.report(good)
         self.scheduler.report(bad)
         return self._not_reproduced(good, bad)
 
-    def _good_crashed_late(self, good: Record, bad: Record) -> bool:
-        """The good state crashed in one of its later samples (the field's race strikes a
-        warm cache too, 2 of 10 on the H200): it ran clean before, so its crash rate becomes
-        the baseline rather than its verdict. True when the crash regime took it (or the
-        crash stands: ``good.failure`` then says so)."""
-        if not self.crashes.crashed(good) or self.crashes.base is not None:
-            return False
+    def _regime_and_settle(self, good: Record, bad: Record) -> Reason | None:
+        """The crash regime over what the endpoints showed so far, then: a good state whose
+        crash stands ends the search (its reason), else both endpoints are settled."""
         self.crashes.regime(good, bad)
-        return True
+        if good.failure:
+            return self._failed_good(good, bad)
+        good.verdict, bad.verdict = self._settle(good, bad)
+        return None
 
     def _unfaithful(self, good: Record, bad: Record) -> Reason:
         for r in (good, bad):
