@@ -63,7 +63,11 @@ def main() -> int:
     a = ap.parse_args()
     ws = a.outdir / "ws"
     good_state(ws, a.size)
-    base = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(ws / "c"), "TRITON_CACHE_DIR": str(ws / "t")}
+    base = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(ws / "c"),
+        "TRITON_CACHE_DIR": str(ws / "t"),
+    }
     print("cold:", one(ws, base), flush=True)  # fills the cache
     ways = {
         "default": base,
@@ -83,7 +87,9 @@ def main() -> int:
         }
         for k, v in rows.items()
     }
-    (a.outdir / "exit_time.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    (a.outdir / "exit_time.json").write_text(
+        json.dumps({"rows": rows, "summary": summary}, indent=1)
+    )
     for k, v in summary.items():
         print(f"{k:9s} wall {v['wall_s']:6.2f}s  exit {v['exit_s']:6.2f}s")
     return 0

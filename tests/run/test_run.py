@@ -478,7 +478,7 @@ with open(os.environ["ENVBISECT_RESULT"], "w") as fh:
 """
 
 
-def test_trial_samples_come_from_one_process_the_good_endpoint_from_two(tmp_path: Path) -> None:
+def test_trial_samples_come_from_one_process_each(tmp_path: Path) -> None:
     from tests.helpers_run import manifest
 
     script = tmp_path / "windowed.py"
@@ -501,9 +501,9 @@ def test_trial_samples_come_from_one_process_the_good_endpoint_from_two(tmp_path
     for trial in sorted((tmp_path / "session" / "trials").iterdir()):
         runs[trial.name] = len(list(trial.glob("run-*.result.json")))
     trials = sorted(runs)
-    # the good endpoint: two processes (the noise sees their spread); the bad one: one
-    assert runs[trials[0]] == 2 and runs[trials[1]] == 1
-    assert all(runs[t] == 1 for t in trials[2:]), runs  # every other state: one process
+    # every state one process, the endpoints too: 3× apart, no verdict a few percent of
+    # between-process spread could move (closer endpoints: tests/search/test_endpoints.py)
+    assert all(runs[t] == 1 for t in trials), runs
     assert all(len(t["samples"]) >= 3 for t in doc["trials"])
 
 

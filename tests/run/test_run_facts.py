@@ -62,8 +62,8 @@ def test_a_sample_per_logged_step_from_one_process(tmp_path: Path) -> None:
     assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     runs = _processes(tmp_path)
     trials = sorted(runs)
-    assert runs[trials[0]] == 2 and runs[trials[1]] == 1  # the good endpoint: two processes
-    assert all(runs[t] == 1 for t in trials[2:]), runs  # every other trial: one start
+    # every trial one start, the endpoints too (3× apart: no second good process)
+    assert all(runs[t] == 1 for t in trials), runs
     # 12 logged steps, the first 2 dropped: 10 samples per process, none from stderr noise
     middle = [t for t in doc["trials"] if t["purpose"] and "endpoint" not in t["purpose"]]
     assert middle and all(len(t["samples"]) == 10 for t in middle)

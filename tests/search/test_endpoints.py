@@ -73,3 +73,34 @@ def test_an_endpoint_not_realized_as_recorded_is_unfaithful() -> None:
         "the bad state could not be realized as recorded (state not faithful: torch differs)"
     )
     assert w.cache[State.of(UNITS)].verdict is Verdict.UNRESOLVED
+
+
+class Rates:
+    """∅ at 1000, the full set at ``bad``; counts each call (one call: one process)."""
+
+    def __init__(self, bad: float) -> None:
+        self.bad, self.calls = bad, {"good": 0, "bad": 0}
+
+    def __call__(self, state: State, n: int) -> Outcome:
+        which = "good" if not state.applied else "bad"
+        self.calls[which] += 1
+        rate = 1000.0 if which == "good" else self.bad
+        return Outcome(samples=tuple(rate * (1 + 0.002 * (i % 3 - 1)) for i in range(n)))
+
+
+def test_endpoints_far_apart_cost_one_process_each() -> None:
+    """Issue 32: endpoints measured once unless noise calls for more."""
+    world = Rates(bad=90.0)  # the GPU scenario: 1594 → 143 Ktok/s, 11× apart
+    w, endpoints = phase(world)
+    assert endpoints.measure() is None
+    assert world.calls == {"good": 1, "bad": 1}
+    assert not any("more sample" in m for m in w.messages())
+
+
+def test_close_endpoints_give_the_good_state_a_second_process() -> None:
+    """Within 2× of each other, the between-process spread enters the noise model."""
+    world = Rates(bad=600.0)
+    w, endpoints = phase(world)
+    assert endpoints.measure() is None
+    assert world.calls["good"] >= 2 and world.calls["bad"] >= 1
+    assert "trial 1: 2 more sample(s)" in w.messages()

@@ -33,6 +33,7 @@ SEEN = {
     "thread_errors": [],
     "crash": None,
     "exit_code": None,
+    "quick_exit": False,  # the probe ended the process after the program (probe.QUICK)
     "done": False,
     "serial": None,  # the lock that keeps compiles apart, in a run that asks for it
     "serial_waits": 0,  # times a thread waited for another's compile or trace
@@ -151,6 +152,8 @@ def facts():
         out["serialized"] = {"compiles": True, "waits": SEEN["serial_waits"]}
     out["crash"] = SEEN["crash"]
     out["exit_code"] = SEEN["exit_code"]
+    if SEEN["quick_exit"]:
+        out["quick_exit"] = True
     out["elapsed_s"] = round(time.time() - SEEN["t0"], 3)
     return out
 

@@ -57,6 +57,7 @@ def command(
     warmup_lines: int | None,
     no_probe: bool,
     step_fn: str | None,
+    full_exit: bool,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -96,6 +97,7 @@ def command(
         no_probe=no_probe,
         warmup_lines=warmup_lines,
         step_fn=step_fn,
+        full_exit=full_exit,
     )
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))

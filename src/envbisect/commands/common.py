@@ -115,7 +115,18 @@ def timeout_option(func: F) -> F:
 
 
 def metric_regex_option(func: F) -> F:
-    """``--metric-regex REGEX``, ``--warmup-lines W``, ``--no-probe`` and ``--step-fn``."""
+    """``--metric-regex REGEX``, ``--warmup-lines W``, ``--no-probe``, ``--step-fn`` and
+    ``--full-exit``."""
+    func = click.option(
+        "--full-exit",
+        "full_exit",
+        is_flag=True,
+        help="Let each run's program finish its own exit (its atexit handlers, module "
+        "teardown). By default the probe ends a Python command once its main body and "
+        "threads are done and its output and facts are in: a trial needs no more, and "
+        "torch's compile workers alone can take 10 s to shut down. Give this when the "
+        "figure is written by an atexit handler.",
+    )(func)
     func = click.option(
         "--step-fn",
         "step_fn",
@@ -197,11 +208,13 @@ def smoke_command(
     no_probe: bool = False,
     warmup_lines: int | None = None,
     step_fn: str | None = None,
+    full_exit: bool = False,
 ) -> SmokeCommand:
     """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
     its tok/s read with ``--metric-regex`` when given (a sample per matched line after the
     first ``warmup_lines``); a Python command under the probe unless ``no_probe``, its
-    training steps timed by each return of ``step_fn`` when given."""
+    training steps timed by each return of ``step_fn`` when given, and the process ended
+    after the program unless ``full_exit``."""
     import dataclasses
 
     from envbisect.model.errors import UsageError
@@ -225,7 +238,7 @@ def smoke_command(
                 "--step-fn is timed by the probe inside a Python command: give the command "
                 "after -- and drop --no-probe"
             )
-    return SmokeCommand(argv, spec, probe=not no_probe, step_fn=step_fn)
+    return SmokeCommand(argv, spec, probe=not no_probe, step_fn=step_fn, full_exit=full_exit)
 
 
 def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -> str:

@@ -236,6 +236,7 @@ def _options(args: RunFlags) -> tuple[datetime | None, RunOptions]:
         no_probe=args.no_probe,
         warmup_lines=args.warmup_lines,
         step_fn=args.step_fn,
+        full_exit=args.full_exit,
     )
     # With --good-as-of the good path is known once the state is rebuilt.
     options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
@@ -293,6 +294,7 @@ class RunFlags:
     warmup_lines: int | None
     no_probe: bool
     step_fn: str | None
+    full_exit: bool
     python: str | None
     via: tuple[str, ...]
     target_name: str | None

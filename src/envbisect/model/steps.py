@@ -109,10 +109,13 @@ def breakdown(wall_s: float, facts: Mapping[str, Any] | None) -> dict[str, Any]:
     """Where one process's wall time went, from its probe facts: ``startup_s`` (interpreter,
     imports, data, model, the first step less compile), ``compile_s`` (torch.compile's own
     time), ``steps_s`` (first step's end to the last's), ``after_s`` (the program after its
-    last step, and exit). Unknown parts are None (no probe, no steps)."""
+    last step, and exit). Unknown parts are None (no probe, no steps). ``quick_exit``: the
+    probe ended the process after the program (its atexit handlers never ran)."""
     out: dict[str, Any] = {"wall_s": round(wall_s, 3), **dict.fromkeys(PARTS)}
     if not facts:
         return out
+    if facts.get("quick_exit"):
+        out["quick_exit"] = True
     comp = facts.get("compile")
     compile_s = _num(comp.get("compile_s")) if isinstance(comp, Mapping) else None
     found = facts.get("steps")
@@ -137,6 +140,7 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     checked), ``fill_s`` (a warm cache made), each process part summed, the processes run,
     which samples were used and which compile cache each call ran with."""
     out: dict[str, Any] = {"wall_s": 0.0, "realize_s": 0.0, "fill_s": 0.0, "processes": 0}
+    quick = 0
     parts: dict[str, float | None] = dict.fromkeys(PARTS)
     used: list[Any] = []
     caches: list[Any] = []
@@ -150,6 +154,7 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["realize_s"] += max(0.0, wall - ran - fill)
         out["processes"] += len(runs)
         for run in runs:
+            quick += bool((run.get("breakdown") or {}).get("quick_exit"))
             for part in PARTS:
                 value = _num((run.get("breakdown") or {}).get(part))
                 if value is not None:
@@ -162,6 +167,8 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out.update({k: None if v is None else round(v, 3) for k, v in parts.items()})
     out["samples_from"] = used
     out["compile_cache"] = caches
+    if quick:
+        out["quick_exits"] = quick
     return out
 
 
@@ -178,6 +185,8 @@ def describe_timing(t: Mapping[str, Any]) -> str:
     words = {"startup_s": "start-up", "compile_s": "compile", "steps_s": "steps"}
     words["after_s"] = "after"
     parts = [f"{w} {t[k]:.1f}s" for k, w in words.items() if t.get(k) is not None]
+    if t.get("quick_exits") and t.get("after_s") is not None:
+        parts[-1] += " (exit cut short by the probe)"
     text = f"{n} process{'es' if n != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
     text += f"; realize {float(t.get('realize_s') or 0):.1f}s"
     if t.get("fill_s"):

@@ -46,6 +46,7 @@ class SmokeCommand:
     drafter_params: Mapping[str, Any] = field(default_factory=lambda: {"preset": "auto"})
     probe: bool = True  # a Python command runs under the probe (envbisect.run.probed)
     step_fn: str | None = None  # --step-fn MODULE:QUALNAME: its returns end a timed step
+    full_exit: bool = False  # --full-exit: the program's own exit, not the probe's quick one
 
     @property
     def builtin(self) -> bool:
@@ -189,8 +190,20 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
     )
     if launch.timed_out and launch.probed and probed.left_stacks(launch.stderr):
         reading = replace(reading, failure=Failure(f"{reading.failure}; {probed.STACKS_NOTE}"))
+    elif reading.failure and reading.failure.startswith("no metric") and _quick(launch.facts):
+        reading = replace(reading, failure=Failure(f"{reading.failure}; {QUICK_NOTE}"))
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)
+
+
+QUICK_NOTE = (
+    "the probe ended the program after its main body (no atexit handler ran): a figure "
+    "written at exit needs --full-exit"
+)
+
+
+def _quick(facts: Mapping[str, Any] | None) -> bool:
+    return bool(facts and facts.get("quick_exit"))
 
 
 def _launch_drafter(
@@ -227,6 +240,7 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
                 delivery,
                 serialize=spec.serialize_compiles,
                 step_fn=smoke.step_fn,
+                quick_exit=not smoke.full_exit,
                 stacks_after=probed.stacks_at(spec.timeout_s),
             )
             if spec.profile is not None:

@@ -170,6 +170,7 @@ class Delivery:
     profile: dict[str, Any] | None = None
     step_fn: str | None = None  # MODULE:QUALNAME whose returns end a step (else optimizer steps)
     stacks_after: float | None = None  # every thread's stack to stderr then (a hang's where)
+    quick_exit: bool = False  # end the process after the program (agent/probe.py QUICK)
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -188,6 +189,8 @@ class Delivery:
             config["profile"] = dict(self.profile)
         if self.step_fn:
             config["step_fn"] = self.step_fn
+        if self.quick_exit:
+            config["quick_exit"] = True
         if self.stacks_after:
             config["stacks_after"] = round(self.stacks_after, 1)
         return {CONFIG_ENV: json.dumps(config)}

@@ -335,7 +335,7 @@ class TrialRunner:
             # one unit: a narrowing trial costs one process like any other.
             full = len(work.applied) == self.n_units and not work.positions
             endpoint = not work.applied or full
-            work.failure = self._sample(work, realized, endpoint)
+            work.failure = self._sample(work, realized)
             if work.compile_cache is not None:
                 facts = [run.launch.facts for run in work.runs]
                 self.compile_caches.learn(work.compile_cache, facts)
@@ -413,27 +413,23 @@ class TrialRunner:
             log_dir=work.trial_dir,
         )
 
-    def _sample(self, work: TrialWork, realized: Realized, endpoint: bool) -> Failure | None:
+    def _sample(self, work: TrialWork, realized: Realized) -> Failure | None:
         """Fill ``work.samples`` up to ``work.n``: one process gives as many timed windows as
         asked (a command that reports one figure gives one); returns the failure, if any.
 
-        Windows of one process vary less than processes do (on the H200 0.2% against a few
-        percent), and the noise model is pooled from these samples: the good endpoint, the
-        first state measured, takes its samples from two processes, so the between-process
-        spread is in the estimate every later verdict uses. Every other state, the bad
-        endpoint too, costs one process (issue 32: endpoints measured once unless noise
-        calls for more; a state inside the noise band gets more samples from a new one)."""
+        Every state costs one process (issue 32: endpoints measured once unless noise calls
+        for more). Windows of one process vary less than processes do (on the H200 0.2%
+        against a few percent): the endpoint phase takes a second process of the good state
+        when the endpoints are close enough for that spread to matter
+        (``search.endpoints.FAR_APART``), and a state inside the noise band gets more samples
+        from a new one."""
         n, samples = work.n, work.samples
-        two = endpoint and not work.applied and n > 1
-        per_run = -(-n // 2) if two else n
         k = work.first_run - 1
-        # A log with a throughput per step gives all n in one process: the good endpoint
-        # still takes a second one.
-        while len(samples) < n or (two and k - work.first_run < 1):
+        while len(samples) < n:
             if work.cancelled():
                 raise KeyboardInterrupt
             k += 1
-            m = self._run(work, realized, f"run-{k}", max(1, min(per_run, n - len(samples))))
+            m = self._run(work, realized, f"run-{k}", max(1, n - len(samples)))
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
