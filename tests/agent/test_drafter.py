@@ -459,3 +459,22 @@ def test_a_cpu_run_records_its_threads_affinity_and_load(monkeypatch: pytest.Mon
         assert asked["cpu"]["threads"] == 2 and asked["cpu"]["why"] == "asked (--cpu-threads)"
     finally:
         torch.set_num_threads(before)
+
+
+def test_compiling_inside_a_timed_window_makes_the_rate_over_all_windows_the_one_sample() -> None:
+    """The field's grown data: new shapes recompile after the warm-up. That window's time is
+    the program's own cost (H100: windows of 1.9, 39 and 58 Ktok/s, 5.0 Ktok/s over all of
+    them), not noise the median of the windows should step over."""
+    same = drafter.run(micro(compile=True, compile_backend="eager", warmup=2, steps=2, samples=3))
+    grown = drafter.run(
+        micro(compile=True, compile_backend="eager", warmup=2, steps=2, samples=3, vary_shapes=True)
+    )
+    assert same["ok"] and grown["ok"], (same["error"], grown["error"])
+    assert "compiled_in_windows" not in same and len(same["samples"]) == 3
+    hot = grown["compiled_in_windows"]
+    assert hot["windows"] and hot["frames"] >= 1
+    assert grown["samples"] == [grown["tok_per_s"]]
+    windows = grown["window_samples"]
+    assert len(windows) == 3
+    # the one sample is tokens over the time of all windows: below their median
+    assert grown["tok_per_s"] < sorted(windows)[1]

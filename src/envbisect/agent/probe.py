@@ -172,7 +172,7 @@ def _hook_output_graph(mod):
     def call_user_compiler(self, gm, *args, **kwargs):
         _quietly(_note_graph, gm)
         _quietly(probe_steps.note_traced, self)
-        return original(self, gm, *args, **kwargs)
+        return probe_steps.compiling(lambda: original(self, gm, *args, **kwargs))
 
     cls.call_user_compiler = call_user_compiler
 

@@ -41,6 +41,9 @@ STEPS: dict[str, Any] = {
     "first": None,  # id of the first optimizer that stepped
     "script": None,  # the script's module name (``train`` for train.py)
 }
+COMPILES: list[tuple[float, float]] = []  # (start, end) of each backend compile, from T0
+MAX_COMPILES = 1000
+MAX_SPANS = 2000  # step ends said with their times (enough to place the compiles)
 TRACED: set[str] = set()  # files of code objects Dynamo traced
 TRACED_CODE: set[tuple[str, str]] = set()  # (file, qualified name) of each
 MAX_TRACED = 500
@@ -69,6 +72,18 @@ def _script_module():
     if not argv or argv[0] in ("-m", "-c"):
         return None
     return os.path.splitext(os.path.basename(argv[0]))[0]
+
+
+def compiling(run):
+    """``run()`` (one graph handed to torch.compile's backend), its span kept: a timed step
+    that spent its time compiling is the program's cost, not the machine's noise."""
+    t0 = time.perf_counter()
+    try:
+        return run()
+    finally:
+        with _LOCK:
+            if len(COMPILES) < MAX_COMPILES:
+                COMPILES.append((t0 - T0, time.perf_counter() - T0))
 
 
 def _end():
@@ -195,6 +210,7 @@ def facts():
     """The steps seen and the sources traced, for the probe's facts."""
     with _LOCK:
         ends = list(STEPS["ends"])
+        spans = [[round(a, 4), round(b, 4)] for a, b in COMPILES]
         traced = sorted(TRACED)
         code = sorted(TRACED_CODE)
     out = {
@@ -203,6 +219,8 @@ def facts():
         "found": STEPS["found"] if STEPS["step_fn"] else None,
         "steps": len(ends),
         "intervals_s": [round(ends[i] - ends[i - 1], 6) for i in range(1, len(ends))],
+        "ends_s": [round(e - T0, 4) for e in ends[:MAX_SPANS]],
+        "compile_spans_s": spans,
         "first_end_s": round(ends[0] - T0, 4) if ends else None,
         "last_end_s": round(ends[-1] - T0, 4) if ends else None,
         "at_exit_s": round(time.perf_counter() - T0, 4),

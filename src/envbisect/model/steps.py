@@ -36,6 +36,8 @@ class StepSamples:
     first_kept: int  # 1-based number of the first kept step
     times: tuple[float, ...]  # seconds per kept step
     mean_s: float = 0.0  # mean time of every timed step (2..N): what the figure spans
+    compiled: tuple[int, ...] = ()  # kept steps that spent >= HELD of their time compiling
+    compile_s: float = 0.0  # the backend compile time inside those steps
 
     @classmethod
     def of(cls, facts: Mapping[str, Any] | None) -> StepSamples | None:
@@ -50,7 +52,32 @@ class StepSamples:
         skip = len(times) // 3
         rule = "optimizer" if steps.get("rule") == "optimizer" else f"function {steps['step_fn']}"
         mean = sum(times) / len(times)
-        return cls(rule, int(steps.get("steps") or 0), skip + 2, tuple(times[skip:]), mean)
+        compiled, compile_s = _held_by_compiles(steps, skip)
+        return cls(
+            rule,
+            int(steps.get("steps") or 0),
+            skip + 2,
+            tuple(times[skip:]),
+            mean,
+            compiled,
+            compile_s,
+        )
+
+    def used_figure(self, figure: float, source: str | None) -> dict[str, Any]:
+        """Which sample was used when kept steps compiled: the figure alone."""
+        steps = ", ".join(str(n) for n in self.compiled[:6]) + (
+            ", …" if len(self.compiled) > 6 else ""
+        )
+        return {
+            "from": "figure",
+            "compiled_steps": list(self.compiled),
+            "figure_from": source,
+            "text": (
+                f"torch compiled during timed step(s) {steps} ({self.compile_s:.1f}s): that "
+                "is the program's own cost, not noise, so the reported "
+                f"{format_ktok(figure)} Ktok/s is the one sample, not each step's"
+            ),
+        }
 
     def scaled(self, figure: float) -> tuple[float, ...]:
         """One sample per kept step: the work of one step, read from ``figure`` as the rate
@@ -82,9 +109,48 @@ class StepSamples:
         }
 
 
+HELD = 0.25  # a kept step that spent this share of its time in torch.compile's backend
+
+
+def _held_by_compiles(steps: Mapping[str, Any], skip: int) -> tuple[tuple[int, ...], float]:
+    """The kept steps (1-based numbers) that compiled for at least ``HELD`` of their time,
+    and the compile time inside them, from the probe's step ends and compile spans."""
+    ends, spans = steps.get("ends_s") or [], steps.get("compile_spans_s") or []
+    held: list[int] = []
+    total = 0.0
+    for i in range(skip + 1, len(ends)):  # step i + 1 runs from ends[i - 1] to ends[i]
+        a, b = float(ends[i - 1]), float(ends[i])
+        inside = sum(max(0.0, min(b, float(e)) - max(a, float(s))) for s, e in spans)
+        if b > a and inside >= HELD * (b - a):
+            held.append(i + 1)
+            total += inside
+    return tuple(held), total
+
+
+def compiled_in_windows(m: Measurement) -> Measurement:
+    """A drafter run whose timed windows compiled (``compiled_in_windows`` in its result)
+    gave tok/s over all windows as its one sample: said as the samples used."""
+    hot = m.result.get("compiled_in_windows") if m.ok else None
+    if not isinstance(hot, Mapping) or m.result.get("samples_from"):
+        return m
+    windows = ", ".join(str(w) for w in hot.get("windows") or ())
+    used = {
+        "from": "figure",
+        "compiled_windows": list(hot.get("windows") or ()),
+        "text": (
+            f"torch compiled during timed window(s) {windows} ({hot.get('frames')} frame(s)): "
+            f"that is the program's own cost, not noise, so tok/s over all windows "
+            f"({format_ktok(m.tok_per_s)} Ktok/s) is the one sample, not each window's"
+        ),
+    }
+    return Measurement(m.tok_per_s, None, m.source, {**m.result, "samples_from": used})
+
+
 def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> Measurement:
     """``m`` with the probe's timed steps as its samples, where the run's own figure gave
-    fewer than ``wanted`` and the steps give more than it did; ``m`` itself otherwise."""
+    fewer than ``wanted`` and the steps give more than it did; ``m`` itself otherwise.
+    Kept steps that compiled leave the figure the one sample (``compiled_in_windows``)."""
+    m = compiled_in_windows(m)
     if not m.ok or wanted <= 1 or len(m.samples) >= wanted:
         return m
     got = StepSamples.of(facts)
@@ -92,6 +158,11 @@ def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> 
         return m
     assert m.tok_per_s is not None
     figure = m.tok_per_s
+    if got.compiled:
+        hot = {"steps": list(got.compiled), "compile_s": round(got.compile_s, 3)}
+        used = got.used_figure(figure, m.source)
+        result = {**m.result, "samples": [figure], "samples_from": used, "compiled_in_windows": hot}
+        return Measurement(figure, None, m.source, result)
     result = {
         **m.result,
         "samples": list(got.scaled(figure)),

@@ -422,7 +422,9 @@ class TrialRunner:
         against a few percent): the endpoint phase takes a second process of the good state
         when the endpoints are close enough for that spread to matter
         (``search.endpoints.FAR_APART``), and a state inside the noise band gets more samples
-        from a new one."""
+        from a new one. A process that compiled inside its timed part gives its figure over
+        all of it as its one sample (``model.steps.compiled_in_windows``), and ends the
+        trial's sampling."""
         n, samples = work.n, work.samples
         k = work.first_run - 1
         while len(samples) < n:
@@ -433,6 +435,10 @@ class TrialRunner:
             if not m.ok:
                 return m.failure
             samples.extend(m.samples)
+            if m.result.get("compiled_in_windows"):
+                # Its one figure (compiling included) is what the state costs: another
+                # process would compile again, not sample noise. More only if noise asks.
+                break
         return None
 
     def _fill(self, work: TrialWork, realized: Realized) -> Failure | None:
