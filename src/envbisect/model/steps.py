@@ -151,8 +151,8 @@ def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> 
     fewer than ``wanted`` and the steps give more than it did; ``m`` itself otherwise.
     Kept steps that compiled leave the figure the one sample (``compiled_in_windows``)."""
     m = compiled_in_windows(m)
-    if not m.ok or wanted <= 1 or len(m.samples) >= wanted:
-        return m
+    if not m.ok or wanted <= 1 or len(m.samples) >= wanted or m.result.get("samples_from"):
+        return m  # a drafter window that compiled: its one figure is the sample
     got = StepSamples.of(facts)
     if got is None or len(got.times) <= len(m.samples):
         return m
