@@ -36,6 +36,40 @@ def test_steps_are_used_only_when_the_figure_gave_fewer_samples_than_asked() -> 
     assert with_steps(one, None, 3) is one and StepSamples.of({"steps": {}}) is None
 
 
+def test_a_held_up_step_that_compiled_leaves_the_figure_the_one_sample() -> None:
+    # the same steps, the held-up one spent 0.6 of its 1.0 s in torch.compile's backend
+    times = [0.1] * 8
+    times[5] = 1.0
+    ends = [0.0]
+    for t in times:
+        ends.append(round(ends[-1] + t, 6))
+    facts = _facts(times)
+    facts["steps"].update(ends_s=ends, compile_spans_s=[[ends[5] + 0.2, ends[5] + 0.8]])
+    figure = 1000 / statistics.mean(times)
+    m = with_steps(Measurement(figure, None, "regex", {"samples": [figure]}), facts, 3)
+    assert m.samples == (figure,)
+    used = m.result["samples_from"]
+    assert used["from"] == "figure" and used["compiled_steps"] == [7]
+    assert m.result["compiled_in_windows"] == {"steps": [7], "compile_s": 0.6}
+    # a compile of a tenth of a step is not holding it up: the steps are the samples
+    facts["steps"]["compile_spans_s"] = [[ends[5] + 0.2, ends[5] + 0.3]]
+    m = with_steps(Measurement(figure, None, "regex", {"samples": [figure]}), facts, 3)
+    assert len(m.samples) == 6 and "compiled_in_windows" not in m.result
+
+
+def test_a_drafter_figure_over_windows_that_compiled_is_not_replaced_by_steps() -> None:
+    """Seen on the H100: the drafter's one figure (4.7 Ktok/s, window 1 recompiled) was
+    replaced by 18 step samples of 48-74 Ktok/s from its facts."""
+    hot = {"windows": [1], "frames": 9}
+    result = {"samples": [4702.0], "tok_per_s": 4702.0, "compiled_in_windows": hot}
+    m = with_steps(Measurement(4702.0, None, "frame", result), _facts([0.02] * 20), 3)
+    assert m.samples == (4702.0,)
+    assert m.result["samples_from"]["compiled_windows"] == [1]
+    assert (
+        "torch compiled during timed window(s) 1 (9 frame(s))" in m.result["samples_from"]["text"]
+    )
+
+
 def test_breakdowns_add_up() -> None:
     facts = {
         "compile": {"compile_s": 2.0},
