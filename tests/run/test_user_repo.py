@@ -4,6 +4,7 @@ parent, from inside the repo, with absolute paths, from elsewhere. Real git, rea
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,22 @@ def test_a_bad_manifest_edited_to_a_commit_the_repo_lacks_names_the_commit(
     assert "nothing to bisect: no change can be realized here: " in out
     assert "commit deadbeefdead is not in that repo" in out
     assert "good state cannot be realized" not in out
+
+
+def test_from_inside_the_repo_a_config_one_folder_up_typed_relative(world: UserRepo) -> None:
+    """Found as a user: ``cd repo && envbisect run --config ../envbisect.yaml …`` made the
+    session ``repo/../.envbisect/session``; its worktrees, reported by the state check as
+    ``.envbisect/session/…``, read "at no commit" and both endpoints were unfaithful."""
+    rel = os.path.relpath(world.config, world.repo)
+    assert rel.startswith("..")
+    res = envbisect(
+        world.repo,
+        "run", "--config", rel, "--good", str(world.good), "--bad", str(world.bad),
+        "--python", str(world.python), "--metric-regex", METRIC, "--until", "50%",
+        "--fresh", "--json", "-",
+        "--", "python", "train.py", "--data", "data/x.jsonl",
+    )  # fmt: skip
+    out = res.stdout + res.stderr
+    doc = json.loads(res.stdout[res.stdout.index("{") :]) if "{" in res.stdout else {}
+    _assert_found_the_slow_commit(world, res.returncode, doc, out)
+    assert f"session {world.ws / '.envbisect' / 'session'}" in res.stderr, out

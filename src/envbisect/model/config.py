@@ -9,6 +9,7 @@ type or an unknown key is one ConfigError naming the file and the field.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -104,9 +105,8 @@ class Config:
                 return cls(root=here, manifests_dir=here / "manifests")
             path = found
         else:
-            path = Path(path)
-            if not path.is_absolute():
-                path = here / path
+            # ``--config ../x.yaml``: root ``ws``, not ``ws/repo/..`` (paths are compared as text)
+            path = Path(os.path.normpath(here / Path(path).expanduser()))
             if not path.is_file():
                 raise ConfigError(f"{path}: no such config file")
         return cls.from_mapping(_read_yaml(path), path)
@@ -243,7 +243,7 @@ def _read_yaml(path: Path) -> Any:
 
 def _absolute(p: Path, base: Path) -> Path:
     p = p.expanduser()
-    return p if p.is_absolute() else base / p
+    return Path(os.path.normpath(p if p.is_absolute() else base / p))
 
 
 _PACKAGE_NAME = re.compile(r"^([A-Z0-9]|[A-Z0-9][A-Z0-9._-]*[A-Z0-9])$", re.IGNORECASE)

@@ -186,7 +186,9 @@ class Session:
     """One session directory. Create with ``Session.start`` / ``Session.resume``."""
 
     def __init__(self, root: Path) -> None:
-        self.root = Path(root).absolute()
+        # ``--session ../s`` or a config one folder up: ``a/../s`` as ``s`` (paths under the
+        # root are compared as text with what a state check reports)
+        self.root = Path(os.path.abspath(root))
         if self.root.exists() and not self.root.is_dir():
             raise SessionError(f"{self.root}: is not a directory (--session names a directory)")
         self.log_path = self.root / LOG_NAME
