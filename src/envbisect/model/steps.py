@@ -63,22 +63,6 @@ class StepSamples:
             compile_s,
         )
 
-    def used_figure(self, figure: float, source: str | None) -> dict[str, Any]:
-        """Which sample was used when kept steps compiled: the figure alone."""
-        steps = ", ".join(str(n) for n in self.compiled[:6]) + (
-            ", …" if len(self.compiled) > 6 else ""
-        )
-        return {
-            "from": "figure",
-            "compiled_steps": list(self.compiled),
-            "figure_from": source,
-            "text": (
-                f"torch compiled during timed step(s) {steps} ({self.compile_s:.1f}s): that "
-                "is the program's own cost, not noise, so the reported "
-                f"{format_ktok(figure)} Ktok/s is the one sample, not each step's"
-            ),
-        }
-
     def scaled(self, figure: float) -> tuple[float, ...]:
         """One sample per kept step: the work of one step, read from ``figure`` as the rate
         over every timed step (``figure × mean step time``), over that step's time. A step
@@ -127,23 +111,40 @@ def _held_by_compiles(steps: Mapping[str, Any], skip: int) -> tuple[tuple[int, .
     return tuple(held), total
 
 
+def _figure_alone(
+    m: Measurement, what: str, which: Sequence[int], cost: str, hot: Mapping[str, Any], **used: Any
+) -> Measurement:
+    """``m`` with its figure as its one sample, said as the samples used: torch compiled
+    during the timed ``what`` (window, step) numbers ``which``, ``cost`` long — the
+    program's own cost, not noise. ``hot`` becomes the result's ``compiled_in_windows``."""
+    assert m.tok_per_s is not None
+    shown = ", ".join(str(n) for n in which[:6]) + (", …" if len(which) > 6 else "")
+    figure = (
+        f"the reported {format_ktok(m.tok_per_s)} Ktok/s"
+        if what == "step"
+        else f"tok/s over all {what}s ({format_ktok(m.tok_per_s)} Ktok/s)"
+    )
+    said = {
+        "from": "figure",
+        f"compiled_{what}s": list(which),
+        **used,
+        "text": (
+            f"torch compiled during timed {what}(s) {shown} ({cost}): that is the program's "
+            f"own cost, not noise, so {figure} is the one sample, not each {what}'s"
+        ),
+    }
+    result = {**m.result, "samples": [m.tok_per_s], "samples_from": said}
+    return Measurement(m.tok_per_s, None, m.source, {**result, "compiled_in_windows": hot})
+
+
 def compiled_in_windows(m: Measurement) -> Measurement:
     """A drafter run whose timed windows compiled (``compiled_in_windows`` in its result)
     gave tok/s over all windows as its one sample: said as the samples used."""
     hot = m.result.get("compiled_in_windows") if m.ok else None
     if not isinstance(hot, Mapping) or m.result.get("samples_from"):
         return m
-    windows = ", ".join(str(w) for w in hot.get("windows") or ())
-    used = {
-        "from": "figure",
-        "compiled_windows": list(hot.get("windows") or ()),
-        "text": (
-            f"torch compiled during timed window(s) {windows} ({hot.get('frames')} frame(s)): "
-            f"that is the program's own cost, not noise, so tok/s over all windows "
-            f"({format_ktok(m.tok_per_s)} Ktok/s) is the one sample, not each window's"
-        ),
-    }
-    return Measurement(m.tok_per_s, None, m.source, {**m.result, "samples_from": used})
+    windows = list(hot.get("windows") or ())
+    return _figure_alone(m, "window", windows, f"{hot.get('frames')} frame(s)", hot)
 
 
 def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> Measurement:
@@ -151,7 +152,7 @@ def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> 
     fewer than ``wanted`` and the steps give more than it did; ``m`` itself otherwise.
     Kept steps that compiled leave the figure the one sample (``compiled_in_windows``)."""
     m = compiled_in_windows(m)
-    if not m.ok or wanted <= 1 or len(m.samples) >= wanted or m.result.get("samples_from"):
+    if not m.ok or wanted <= 1 or len(m.samples) >= wanted or m.result.get("compiled_in_windows"):
         return m  # a drafter window that compiled: its one figure is the sample
     got = StepSamples.of(facts)
     if got is None or len(got.times) <= len(m.samples):
@@ -160,9 +161,8 @@ def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> 
     figure = m.tok_per_s
     if got.compiled:
         hot = {"steps": list(got.compiled), "compile_s": round(got.compile_s, 3)}
-        used = got.used_figure(figure, m.source)
-        result = {**m.result, "samples": [figure], "samples_from": used, "compiled_in_windows": hot}
-        return Measurement(figure, None, m.source, result)
+        cost = f"{got.compile_s:.1f}s"
+        return _figure_alone(m, "step", got.compiled, cost, hot, figure_from=m.source)
     result = {
         **m.result,
         "samples": list(got.scaled(figure)),

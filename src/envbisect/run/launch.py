@@ -27,7 +27,7 @@ from envbisect.model.failure import Failure
 from envbisect.model.kernels import ProfileRequest
 from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricSpec, measure
 from envbisect.model.steps import breakdown, with_steps
-from envbisect.run import probed
+from envbisect.run import cmdcheck, probed
 from envbisect.transport import Layer, LayerKind, Transport
 from envbisect.transport.bundle import build_bundle, find_frame
 
@@ -190,7 +190,7 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
     )
     if launch.timed_out and launch.probed and probed.left_stacks(launch.stderr):
         reading = replace(reading, failure=Failure(f"{reading.failure}; {probed.STACKS_NOTE}"))
-    elif reading.failure and reading.failure.startswith("no metric") and _quick(launch.facts):
+    elif cmdcheck.no_metric(reading.failure) and _quick(launch.facts):
         reading = replace(reading, failure=Failure(f"{reading.failure}; {QUICK_NOTE}"))
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)

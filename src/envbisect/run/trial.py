@@ -331,15 +331,15 @@ class TrialRunner:
             # finding (the empty cache's crash rate), never "the good state fails here too".
             work.untestable = work.failure is not None
         if work.failure is None:
-            # A unit applied at a position (a commit, a release) is no endpoint, even with
-            # one unit: a narrowing trial costs one process like any other.
-            full = len(work.applied) == self.n_units and not work.positions
-            endpoint = not work.applied or full
             work.failure = self._sample(work, realized)
             if work.compile_cache is not None:
                 facts = [run.launch.facts for run in work.runs]
                 self.compile_caches.learn(work.compile_cache, facts)
-            # No number is no verdict (as in check), whatever --on-crash says.
+            # No number is no verdict (as in check), whatever --on-crash says; an endpoint's
+            # is the endpoints' to judge. A unit applied at a position (a commit, a release)
+            # is no endpoint, even with one unit.
+            full = len(work.applied) == self.n_units and not work.positions
+            endpoint = not work.applied or full
             work.untestable = cmdcheck.no_metric(work.failure) and not endpoint
         if work.cancelled():
             raise KeyboardInterrupt
