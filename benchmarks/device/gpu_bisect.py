@@ -59,12 +59,20 @@ class Transcript:
     def run(self, argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
         self.say("$ " + shlex.join(argv))
         t = time.monotonic()
-        proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
-        for stream in (proc.stdout, proc.stderr):
-            if stream.strip():
-                self.fh.write(stream if stream.endswith("\n") else stream + "\n")
-        self.say(f"exit {proc.returncode} in {time.monotonic() - t:.1f}s")
-        return proc
+        # Streamed line by line into the transcript (stderr with it), so that a call cut
+        # short keeps what the command printed so far.
+        with subprocess.Popen(
+            argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as child:
+            assert child.stdout is not None
+            lines = []
+            for line in child.stdout:
+                lines.append(line)
+                self.fh.write(line)
+                self.fh.flush()
+            code = child.wait()
+        self.say(f"exit {code} in {time.monotonic() - t:.1f}s")
+        return subprocess.CompletedProcess(argv, code, "".join(lines), "")
 
 
 def main() -> int:
