@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class RunFacts:
 def first_error_line(stderr: str, stdout: str = "") -> str:
     """The line a user would quote: a traceback's exception line, else the first stderr
     line that reads like an error, else the first stderr line, else stdout's last."""
-    lines = [ln.rstrip() for ln in stderr.splitlines() if ln.strip()]
+    lines = _without_warnings(ln.rstrip() for ln in stderr.splitlines() if ln.strip())
     if "Traceback (most recent call last):" in lines:
         last = len(lines) - 1 - lines[::-1].index("Traceback (most recent call last):")
         for ln in lines[last + 1 :]:
@@ -65,6 +66,25 @@ def first_error_line(stderr: str, stdout: str = "") -> str:
         return lines[0][:300]
     out = [ln.rstrip() for ln in stdout.splitlines() if ln.strip()]
     return out[-1][:300] if out else ""
+
+
+_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")
+
+
+def _without_warnings(lines: Iterable[str]) -> list[str]:
+    """Lines with Python's warnings left out (``file:line: XWarning: text`` and the source
+    line shown under it): a warning is never the line a failure is told by."""
+    kept: list[str] = []
+    after_warning = False
+    for ln in lines:
+        if _WARNING.match(ln):
+            after_warning = True
+            continue
+        if after_warning and ln.startswith((" ", "\t")):
+            continue
+        after_warning = False
+        kept.append(ln)
+    return kept
 
 
 def no_metric(failure: Failure | None) -> bool:
@@ -82,8 +102,11 @@ def good_stops(run: RunFacts) -> bool:
 
 
 def same_failure(good: RunFacts, bad: RunFacts) -> bool:
-    """True when both endpoints failed the same way (the same first error line)."""
+    """True when both endpoints failed the same way: the same kind of failure (a crash is
+    not a timeout) with the same first error line."""
     if FailureKind.BUILD in (good.failure.kind, bad.failure.kind):
+        return False
+    if good.failure.kind is not bad.failure.kind:
         return False
     return _shape(good.line) == _shape(bad.line)
 

@@ -40,6 +40,7 @@ from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
 from envbisect.run.triallog import TrialCall, read_timing, write_trial_log
 from envbisect.search import Outcome, State
+from envbisect.search.crashes import GOOD_TRIES
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Transport
 
@@ -147,6 +148,7 @@ class TrialRunner:
         self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
         self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
+        self.good_runs = [0, 0]  # the good endpoint's processes: failed, clean
         # Trials whose compiled code is the same share one warm compile cache (never when
         # a cache is itself a unit of the difference: envbisect.run.compilecache).
         self.compile_caches = CompileCaches.for_run(
@@ -245,8 +247,18 @@ class TrialRunner:
 
     def _endpoint_guard(self, work: TrialWork, realized: Realized) -> None:
         """Stop the run, in the command's own words, when the good endpoint cannot run the
-        command or both endpoints fail the same way (``envbisect.run.cmdcheck``)."""
-        if work.failure is None or work.untestable or work.positions or not work.runs:
+        command or both endpoints fail the same way (``envbisect.run.cmdcheck``).
+
+        A crash of the good state is only "the same way" once it crashed in every one of
+        ``GOOD_TRIES`` runs: the field's race crashes a warm cache now and then, with the
+        very error the bad state crashes with every time (the search's crash regime judges
+        that, ``search.crashes``)."""
+        if work.untestable or work.positions or not work.runs:
+            return
+        if not work.applied:
+            tally = self.good_runs
+            tally[0 if work.failure is not None else 1] += len(work.runs)
+        if work.failure is None:
             return
         run = _run_facts(work, realized.python, realized.origin)
         if not work.applied:
@@ -258,8 +270,12 @@ class TrialRunner:
             if cmdcheck.no_metric(run.failure) and "good" not in self.endpoint_runs:
                 raise CommandFailed(cmdcheck.message("bad", run))
         good, bad = self.endpoint_runs.get("good"), self.endpoint_runs.get("bad")
-        if good is not None and bad is not None and cmdcheck.same_failure(good, bad):
-            raise CommandFailed(cmdcheck.message("good", good, both=True))
+        if good is None or bad is None or not cmdcheck.same_failure(good, bad):
+            return
+        failed, clean = self.good_runs
+        if clean or (good.failure.kind in CRASH_KINDS and failed < GOOD_TRIES):
+            return  # a crash now and then: the search's crash regime judges it
+        raise CommandFailed(cmdcheck.message("good", good, both=True))
 
     def _claim(self, key: str) -> tuple[TrialRecord | None, int]:
         """The logged trial of this state to replay, or the trial number to measure it as."""

@@ -1,0 +1,113 @@
+"""The endpoints' guard (``run.cmdcheck``) stops a run whose command fails the same way in
+both endpoints, and only then. Found on the H100 (issue 31, the user's own threaded script):
+the good state crashed once with the field's race (warm cache), the full drift hung until its
+timeout, and the run ended "the smoke command fails the same way in both endpoints", quoting
+a DeprecationWarning both runs printed first. A crash is not a hang, a warning is no error
+line, and a crash of the good state is judged by the search's crash regime until it crashed
+in every one of ``GOOD_TRIES`` runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from envbisect.cli import cli
+from envbisect.model.errors import CommandFailed
+from envbisect.model.failure import Failure
+from envbisect.run import cmdcheck
+from envbisect.search.crashes import GOOD_TRIES
+from tests.helpers_run import Scenario, pkg
+
+WARNING = (
+    "/w/train.py:66: DeprecationWarning: _compile flag on create_block_mask was originally"
+    " added to work around a torch.compile limitation\n"
+    "  mask = create_block_mask(causal, 1, 1, s, s, device=dev, _compile=True)\n"
+)
+
+# The good state's first process crashes (the race strikes a warm cache now and then), its
+# later ones run clean; with EB_HANG set the program hangs (the drift's deadlock).
+SCRIPT = """\
+import os, sys, time, warnings
+from pathlib import Path
+
+warnings.warn("_compile flag on create_block_mask was originally added", DeprecationWarning)
+if os.environ.get("EB_HANG"):
+    time.sleep(600)
+tries = Path(sys.argv[1])
+n = int(tries.read_text()) if tries.exists() else 0
+tries.write_text(str(n + 1))
+if n == 0:
+    print("RuntimeError: Detected that you are using FX to symbolically trace", flush=True)
+    raise SystemExit("1 of 3 training threads died")
+print("throughput: 8000 tok/s", flush=True)
+"""
+
+
+def _facts(stderr: str, failure: Failure) -> cmdcheck.RunFacts:
+    return cmdcheck.RunFacts(("python", "t.py"), None, "python", True, 1, "", stderr, failure)
+
+
+def test_a_warning_is_not_the_error_line() -> None:
+    assert cmdcheck.first_error_line(WARNING * 2 + "1 of 3 training threads died\n") == (
+        "1 of 3 training threads died"
+    )
+    assert cmdcheck.first_error_line(WARNING + "Timeout (0:02:41.5)!\nThread 0x7f (most\n") == (
+        "Timeout (0:02:41.5)!"
+    )
+
+
+def test_a_crash_and_a_timeout_are_not_the_same_failure() -> None:
+    crash = _facts(WARNING, Failure.crash("exit 1: 1 of 3 training threads died"))
+    hang = _facts(WARNING, Failure.timeout("after 170s"))
+    assert not cmdcheck.same_failure(crash, hang)
+    assert cmdcheck.same_failure(crash, _facts(WARNING, crash.failure))
+
+
+def test_a_good_state_that_crashed_once_and_a_hanging_bad_state_are_bisected(
+    tmp_path: Path,
+) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    script = tmp_path / "threads.py"
+    script.write_text(SCRIPT)
+    git = sc.git_entry(sc.commits[0])
+    good = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "x"}, "git": git}
+    bad = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "y", "EB_HANG": "1"}, "git": git}
+    sc.write(good=good, bad=bad, loose_good=b"lr = 0.2\n", loose_bad=b"lr = 0.2\n")
+    argv = [
+        "run", "--config", str(sc.config), "--python", sc.python, "--bad", str(sc.bad),
+        "--session", str(tmp_path / "session"), "--json", str(tmp_path / "result.json"),
+        "--timeout", "4", "--metric-regex", r"throughput: ([0-9.]+) tok/s",
+        "--", "python", str(script), str(tmp_path / "tries"),
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    out = res.output
+    assert "fails the same way" not in out, out
+    assert res.return_value == 0, out
+    doc = json.loads((tmp_path / "result.json").read_text())
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_HANG"], out
+    assert "timeout" in doc["culprits"][0]["crash"], out
+
+
+def test_a_command_failing_alike_in_every_run_of_both_endpoints_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nraise RuntimeError('CUDA error: no kernel image')\n")
+    git = sc.git_entry(sc.commits[0])
+    good = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "x"}, "git": git}
+    bad = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "y"}, "git": git}
+    sc.write(good=good, bad=bad, loose_good=b"lr = 0.2\n", loose_bad=b"lr = 0.2\n")
+    argv = [
+        "run", "--config", str(sc.config), "--python", sc.python, "--bad", str(sc.bad),
+        "--session", str(tmp_path / "session"), "--", "python", str(script),
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, argv, standalone_mode=False)
+    assert isinstance(res.exception, CommandFailed), res.output  # the CLI's exit 2
+    assert "fails the same way in both endpoints: RuntimeError: CUDA error" in str(res.exception)
+    good_dir = tmp_path / "session" / "trials" / "001"
+    assert len(list(good_dir.glob("run-*.stderr"))) == GOOD_TRIES  # a race would have shown
