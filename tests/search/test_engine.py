@@ -420,7 +420,8 @@ def test_property_noise_free_culprits_reproduce_within_bounds(
     bound = {
         "single": log2c(n) + 4,
         "interaction": 2 * log2c(n) + 5,
-        "independent": 2 * log2c(n) + 7,
+        # + 1: the find-all screen runs the rest alone (one group: these ids name no section)
+        "independent": 2 * log2c(n) + 8,
     }[scenario]
     assert len(result.trials) <= bound
 

@@ -157,6 +157,8 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
         effect = f" — {format_ktok(good)} → {format_ktok(bad)} Ktok/s"
     if culprit.crash:
         effect += f" — {culprit.crash}"
+    if culprit.hidden:
+        effect += " — hidden in the bad state: bad alone, but the other changes mask it"
     return f"Culprit: {what}{effect}"
 
 
@@ -219,7 +221,14 @@ def summary_lines(result: RunResult) -> list[str]:
             lines.append(culprit_sentence(c, c.good_median, c.bad_median))
             lines += [f"  {line}" for line in (c.within.lines() if c.within else ())]
         causes = {frozenset((c.unit.id, *c.together_with)) for c in result.culprits}
-        if len(causes) > 1:
+        hidden = [c.unit.id for c in result.culprits if c.hidden]
+        if len(causes) > 1 and hidden:
+            lines.append(
+                f"{len(causes)} causes: each one alone brings the regression on top of the "
+                f"good state; the bad state hides {', '.join(hidden)} (reverting the others "
+                "restores the speed, and undoing what hides it brings it back)"
+            )
+        elif len(causes) > 1:
             lines.append(
                 f"{len(causes)} independent causes: each one alone brings the regression "
                 "on top of the good state; reverting one leaves the others"
@@ -377,6 +386,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "details": list(c.details),
                 "why": list(c.why),
                 "crash": c.crash,
+                "hidden": c.hidden,
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
                 "within": c.within.as_dict() if c.within is not None else None,

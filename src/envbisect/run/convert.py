@@ -266,6 +266,7 @@ def _culprits(
                     good_trial=trial_number(evidence.good, numbers),
                     bad_trial=trial_number(evidence.bad, numbers),
                     crash=crash_finding(evidence.good, evidence.bad),
+                    hidden=found.hidden_by is not None,
                 )
             )
     return tuple(culprits), tuple(notes)

@@ -184,6 +184,9 @@ class Culprit:
     # The culprit's own state crashed: ``crashed 5 of 5: RuntimeError: ...`` (its rate and
     # the error), with the good state's own rate when that crashed too.
     crash: str | None = None
+    # A cause the bad state hides: bad alone on top of good, while the bad state's other
+    # changes mask it (``search.masked``; the field's empty cache under the field's patch).
+    hidden: bool = False
 
     def changes(self) -> list[dict[str, Any]]:
         out = []

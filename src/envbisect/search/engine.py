@@ -30,7 +30,10 @@ and the engine decides which states to measure:
    the set minus any one lies inside a state measured good). Then everything *but* the
    culprit must be good; if it is still slow another cause remains, which ``find_all=True``
    goes on to isolate the same way (if it is fast enough but clearly short of the good
-   speed, the message says so).
+   speed, the message says so). Once everything but the culprits runs good, ``find_all``
+   runs each remaining group of units alone on top of good (``masked``): a change bad on
+   its own that another change of the drift hides (the field's empty cache, whose crash
+   the field's patch stops) is named too, as hidden.
 5. **Ambiguity** is reported with the smallest state proven slow (``candidates``): when the
    culprit alone cannot be built or judged, the search narrows the units it was slow with.
 6. **Ordered units** (a git repo with the commits between good and bad) found guilty are
@@ -82,6 +85,7 @@ from envbisect.search.confirm import Confirmation
 from envbisect.search.crashes import CrashWatch
 from envbisect.search.endpoints import Endpoints
 from envbisect.search.isolate import Ambiguous, Isolator
+from envbisect.search.masked import MaskedScreen
 from envbisect.search.ordered import CommitNarrower
 from envbisect.search.recheck import LoadCheck
 from envbisect.search.result import (
@@ -176,6 +180,9 @@ class _Engine:
             self.cache, self.scheduler, self.load, everything, find_all=settings.find_all
         )
         self.narrower = CommitNarrower(self.cache, self.scheduler, self.budget, self.units, ordered)
+        self.masked = MaskedScreen(
+            self.cache, self.scheduler, self.isolator, crashes, self.confirmation, self.units
+        )
         self.culprits: list[Isolation] = []  # found so far, for an aborted search
 
     def run(self) -> SearchResult:
@@ -217,6 +224,9 @@ class _Engine:
             if without.verdict is not Verdict.BAD or not self.find_all:
                 break
             bad = bad - core
+        if self.find_all and without.verdict is Verdict.GOOD:
+            # Everything but the culprits runs good: a cause another change hides is left.
+            self.culprits.extend(self.masked.screen(bad - core, State.of(bad - core)))
         return self._result(SearchOutcome.FOUND, self._found(notes), (), notes, restored=restored)
 
     def _found(self, notes: Sequence[Reason]) -> Reason:

@@ -129,6 +129,9 @@ class Isolation:
     alone: Evidence
     without: Evidence | None = None
     narrowed: tuple[Narrowed, ...] = ()
+    # A cause the bad state hides (``search.masked``): bad alone, while everything but the
+    # culprits found before it (these units, measured good) holds it and runs good.
+    hidden_by: frozenset[str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -136,6 +139,7 @@ class Isolation:
             "alone": self.alone.as_dict(),
             "without": self.without.as_dict() if self.without else None,
             "narrowed": [n.as_dict() for n in self.narrowed],
+            "hidden_by": sorted(self.hidden_by) if self.hidden_by is not None else None,
         }
 
 

@@ -29,6 +29,7 @@ class Purpose(str, Enum):
     CONTEXT = "isolate: context"
     CONFIRM_ALONE = "confirm: alone"
     CONFIRM_WITHOUT = "confirm: without"
+    SCREEN = "find-all: alone"  # a group the bad state may hide a cause in (search.masked)
     NARROW = "narrow: "
 
     @staticmethod

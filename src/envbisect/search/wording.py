@@ -37,6 +37,8 @@ class Say(str, Enum):
     NEEDS_MORE_UNITS = "needs-more-units"
     NARROWING_CONTEXT = "narrowing-context"
     BISECTING_ITEMS = "bisecting-items"
+    SCREENING = "screening"
+    HIDDEN_CAUSE = "hidden-cause"
     # notes of a result
     RECHECKED = "rechecked"
     ENDPOINT_RECHECKED = "endpoint-rechecked"
@@ -212,6 +214,14 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     Say.NEEDS_MORE_UNITS: lambda units: f"{_names(units)} alone is fast: looking for what it needs",
     Say.NARROWING_CONTEXT: lambda units: f"narrowing what {_names(units)} is slow with",
     Say.BISECTING_ITEMS: lambda unit, items: f"{unit} is guilty: bisecting its {items} items",
+    Say.SCREENING: lambda groups: (
+        f"looking for causes the other changes hide: {groups} group(s) of the remaining "
+        "changes, each alone on top of good"
+    ),
+    Say.HIDDEN_CAUSE: lambda units, index: (
+        f"{_names(units)} is bad alone, but the bad state hides it: everything but the "
+        f"culprits before it ran good{f' (trial {index})' if index is not None else ''}"
+    ),
     Say.RECHECKED: _rechecked,
     Say.ENDPOINT_RECHECKED: _endpoint_rechecked,
     Say.RESTORE_UNRESOLVED: lambda: "whether reverting the culprits restores speed is unresolved",
