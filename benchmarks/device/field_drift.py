@@ -168,8 +168,12 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
         tr.say(f"run: exit {run.returncode}, wall {wall:.1f}s\n{run.stdout}")
         doc = json.loads((d / "run.json").read_text()) if (d / "run.json").exists() else {}
         culprits = [
-            {"unit": c["unit"], "crash": c.get("crash"), "hidden": c.get("hidden"),
-             "why": c.get("why", [])[:4]}  # fmt: skip
+            {
+                "unit": c["unit"],
+                "crash": c.get("crash"),
+                "hidden": c.get("hidden"),
+                "why": c.get("why", [])[:4],
+            }  # fmt: skip
             for c in doc.get("culprits", [])
         ]
         units = {c["unit"] for c in culprits}
