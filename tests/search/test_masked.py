@@ -72,3 +72,25 @@ def test_without_find_all_nothing_is_screened() -> None:
     res = search(UNITS, world, threshold_fraction=0.7)
     assert [c.units for c in res.culprits] == [("data:/w/prompts.jsonl",)]
     assert frozenset(CACHE) not in world.calls
+
+
+def test_the_hidden_causes_rate_runs_go_at_once_after_one_alone() -> None:
+    world = PatchedDrift()
+    batches: list[tuple[frozenset[str], int]] = []
+
+    def at_once(state: State, runs: int) -> Outcome:
+        batches.append((state.applied, runs))
+        out = world(state, 1)
+        if out.failure:
+            return Outcome(failure=out.failure, runs=runs, crashes=runs, rate_only=True)
+        return Outcome(runs=runs, rate_only=True)
+
+    res = search(
+        UNITS, world, find_all=True, threshold_fraction=0.7, rate_together=4, test_rate=at_once
+    )
+    cache = res.culprits[-1]
+    assert cache.units == ("caches:inductor",)
+    assert batches == [(frozenset({"caches:inductor"}), 3)]  # runs 1 and 2 alone, then 3
+    assert cache.alone.bad.crashes == cache.alone.bad.runs == 5
+    data = res.culprits[0].alone.bad  # ran clean: its rate runs are one after the other
+    assert data.failure is None and data.runs == 1

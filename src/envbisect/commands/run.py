@@ -97,6 +97,18 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "crash rate ('crashed 5 of 5') with the error.",
 )
 @click.option(
+    "--rate-runs-at-once",
+    "rate_together",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run those crash-rate runs this many processes at once (after one run alone, "
+    "whose figure the culprit line shows), each with its own copy of the compile caches. "
+    "A crash rate needs no clean timing, so 4 cuts its cost about 3x where the machine "
+    "has room for 4 copies of your command; keep 1 when one copy fills the GPU's memory "
+    "(an out-of-memory crash would count as a crash). Not with --workers.",
+)
+@click.option(
     "--cpu-threads",
     default="auto",
     show_default=True,
@@ -281,6 +293,7 @@ class RunFlags:
     on_crash: str
     crash_runs: int
     crash_rate_runs: int
+    rate_together: int
     find_all: bool
     recheck_loaded: bool
     cpu_threads: str
@@ -350,6 +363,7 @@ class RunFlags:
             on_crash=self.on_crash,
             crash_runs=self.crash_runs,
             crash_rate_runs=self.crash_rate_runs,
+            rate_together=self.rate_together,
             find_all=self.find_all,
             recheck_loaded=self.recheck_loaded,
             cpu_threads=self.cpu_threads,

@@ -6,7 +6,8 @@ are judged first (``runner`` calls :func:`good_stops` after the good endpoint an
 :func:`same_failure` once both are measured): a command that cannot start in the good state
 (its program or a file it names is missing, an import fails at start, it exits 2 or
 126/127) or gives no throughput there, or that fails the same way in both endpoints, ends the
-run with its first error line plus the argv, cwd and interpreter it ran with.
+run with its first error line plus the argv, cwd and interpreter it ran with
+(``EndpointGuard``, which ``trial`` feeds each endpoint's runs).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envbisect.model.failure import Failure, FailureKind
+from envbisect.model.errors import CommandFailed
+from envbisect.model.failure import CRASH_KINDS, Failure, FailureKind
+from envbisect.search.crashes import GOOD_TRIES
 
 # Exit statuses that mean "did not start": usage error (python: can't open file; argparse),
 # not executable, not found.
@@ -109,6 +112,41 @@ def same_failure(good: RunFacts, bad: RunFacts) -> bool:
     if good.failure.kind is not bad.failure.kind:
         return False
     return _shape(good.line) == _shape(bad.line)
+
+
+class EndpointGuard:
+    """The endpoints' runs as they come (``runner`` measures them first): stops the run
+    when the good endpoint cannot run the command, or both endpoints fail the same way.
+
+    A crash of the good state is only "the same way" once it crashed in every one of
+    ``GOOD_TRIES`` runs: the field's race crashes a warm cache now and then, with the very
+    error the bad state crashes with every time (the search's crash regime judges that,
+    ``search.crashes``). Found on the H100: a good state that crashed once and a bad state
+    that hung ended "fails the same way in both endpoints"."""
+
+    def __init__(self) -> None:
+        self.failed: dict[str, RunFacts] = {}  # "good"/"bad" → its last failed run
+        self.good = [0, 0]  # the good endpoint's processes: failed, clean
+
+    def saw(self, side: str, processes: int, failed: RunFacts | None) -> None:
+        """``processes`` more runs of endpoint ``side``; ``failed``: the last, when the call
+        failed. Raises CommandFailed to stop the run."""
+        if side == "good":
+            self.good[0 if failed is not None else 1] += processes
+        if failed is None:
+            return
+        self.failed[side] = failed
+        if side == "good" and good_stops(failed):
+            raise CommandFailed(message("good", failed))
+        if side == "bad" and no_metric(failed.failure) and "good" not in self.failed:
+            raise CommandFailed(message("bad", failed))
+        good, bad = self.failed.get("good"), self.failed.get("bad")
+        if good is None or bad is None or not same_failure(good, bad):
+            return
+        crashes, clean = self.good
+        if clean or (good.failure.kind in CRASH_KINDS and crashes < GOOD_TRIES):
+            return  # a crash now and then: the search's crash regime judges it
+        raise CommandFailed(message("good", good, both=True))
 
 
 def _shape(line: str) -> str:

@@ -43,6 +43,7 @@ class RunOptions:
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     crash_rate_runs: int = 5  # runs of a culprit's state that crashed, for its rate
+    rate_together: int = 1  # of those, how many run at once (--rate-runs-at-once)
     find_all: bool = False  # go on after the first cause while reverting it is not enough
     recheck_loaded: bool = False  # measure again a verdict taken under passing load
     # OMP_NUM_THREADS of a user's command's trials: "auto" (the free cores when the machine
@@ -67,6 +68,7 @@ class RunOptions:
             workers=workers,
             crash_runs=self.crash_runs,
             crash_rate_runs=self.crash_rate_runs,
+            rate_together=self.rate_together,
             find_all=self.find_all,
             recheck_loaded=self.recheck_loaded,
         )
@@ -87,6 +89,16 @@ def validate_options(options: RunOptions) -> None:
         raise UsageError("--resume and --fresh exclude each other: continue or replace")
     if options.max_trials is not None and options.max_trials < 2:
         raise UsageError("--max-trials must be at least 2 (the two endpoints come first)")
+    if options.rate_together > 1 and options.workers:
+        raise UsageError(
+            "--rate-runs-at-once runs several processes on the one target; with workers "
+            "each run takes a worker of its own: leave it at 1"
+        )
+    if options.rate_together > 1 and options.transport.layers:
+        raise UsageError(
+            "--rate-runs-at-once needs a local target: each process gets its own copy of "
+            "the compile caches, which a target behind --via/--target keeps out of reach"
+        )
     if options.profile is not None and (options.smoke.builtin or not options.smoke.probe):
         raise UsageError(
             "--profile needs your own Python command under the probe (after --; "

@@ -227,7 +227,9 @@ def _search(
         )
         on_event = both_handlers(pool.progress, events)
     settings = options.search_settings(ordered, len(pool.workers) if pool is not None else 1)
-    result = search(units, tester, settings, progress=on_event, test_many=pool)
+    # Runs at once for a crash rate share this runner's machine (workers: one run each).
+    rate = tester.together if pool is None and options.rate_together > 1 else None
+    result = search(units, tester, settings, progress=on_event, test_many=pool, test_rate=rate)
     if result.interrupted:
         raise KeyboardInterrupt
     return result

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envbisect.model.errors import CommandFailed
 from envbisect.model.events import TrialRecord
 from envbisect.model.failure import CRASH_KINDS, Failure, FailureKind
 from envbisect.model.kernels import ProfileRequest
@@ -27,7 +26,7 @@ from envbisect.model.session import Session, state_key
 from envbisect.model.steps import describe_timing
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
-from envbisect.run import cmdcheck, contention, probed
+from envbisect.run import cmdcheck, contention, probed, together
 from envbisect.run.compilecache import CacheUse, CompileCaches, with_cache
 from envbisect.run.launch import (
     RunLog,
@@ -40,7 +39,6 @@ from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
 from envbisect.run.triallog import TrialCall, read_timing, write_trial_log
 from envbisect.search import Outcome, State
-from envbisect.search.crashes import GOOD_TRIES
 from envbisect.sections.caches import CACHE_ENV
 from envbisect.transport import Transport
 
@@ -78,6 +76,8 @@ class TrialWork:
     index: int = 0  # the trial's number (0: calibration)
     fill_s: float = 0.0  # making a warm cache (TrialRunner._fill)
     compile_cache: CacheUse | None = None  # the shared compile cache it ran with
+    together: bool = False  # ``n`` processes at once, for a crash rate (no samples)
+    crashes: int = 0  # of the processes run together, those that crashed
 
     @property
     def applied(self) -> frozenset[str]:
@@ -97,7 +97,7 @@ class TrialWork:
     def outcome(self) -> Outcome:
         """What the engine (or calibration, which reads samples and failure) is told."""
         crashed = self.failure is not None and self.failure.kind in CRASH_KINDS and self.runs
-        return Outcome(
+        out = Outcome(
             samples=tuple(self.samples),
             failure=self.failure,
             untestable=self.untestable,
@@ -106,6 +106,8 @@ class TrialWork:
             crashes=1 if crashed else 0,
             contended=tuple(self.contended),
         )
+        # Processes at once for a crash rate: each crash counts; no figure was kept.
+        return replace(out, crashes=self.crashes, rate_only=True) if self.together else out
 
 
 class TrialRunner:
@@ -147,8 +149,7 @@ class TrialRunner:
         self.fill_writes_nothing = False  # a filling run left its cache dirs empty
         self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
-        self.endpoint_runs: dict[str, cmdcheck.RunFacts] = {}  # "good"/"bad" → a failed run
-        self.good_runs = [0, 0]  # the good endpoint's processes: failed, clean
+        self.guard = cmdcheck.EndpointGuard()
         # Trials whose compiled code is the same share one warm compile cache (never when
         # a cache is itself a unit of the difference: envbisect.run.compilecache).
         self.compile_caches = CompileCaches.for_run(
@@ -157,6 +158,10 @@ class TrialRunner:
 
     def __call__(self, state: State, n: int) -> Outcome:
         return self.measure(state, n)
+
+    def together(self, state: State, runs: int) -> Outcome:
+        """The engine's ``test_rate``: ``runs`` processes at once (``run.together``)."""
+        return self.measure(state, runs, together=True)
 
     def use_workers(self, *, after_run: AfterRun, allocations: Allocations) -> None:
         """Measure on workers (``envbisect.run.parallel``): ``after_run`` reads a worker's
@@ -188,6 +193,7 @@ class TrialRunner:
         cancel: threading.Event | None = None,
         *,
         calibration: bool = False,
+        together: bool = False,
     ) -> Outcome:
         """``n`` samples of ``state`` (on ``worker``, when several run); logged and replayed
         as trials, except ``calibration`` runs (the caller logs those). Nothing is logged
@@ -204,11 +210,13 @@ class TrialRunner:
                 runs=logged.runs,
                 crashes=logged.crashes,
                 contended=logged.contended,
+                rate_only=together,
             )
         work = self._work(
             state, n, worker, cancel, self._trial_dir(index, _worker_name(worker), calibration)
         )
         work.index = index
+        work.together = together
         started = time.monotonic()
         with work.actuator.realize(work.applied, work.positions, work.trial_dir) as realized:
             realized = self._gather(work, realized)
@@ -247,35 +255,16 @@ class TrialRunner:
 
     def _endpoint_guard(self, work: TrialWork, realized: Realized) -> None:
         """Stop the run, in the command's own words, when the good endpoint cannot run the
-        command or both endpoints fail the same way (``envbisect.run.cmdcheck``).
-
-        A crash of the good state is only "the same way" once it crashed in every one of
-        ``GOOD_TRIES`` runs: the field's race crashes a warm cache now and then, with the
-        very error the bad state crashes with every time (the search's crash regime judges
-        that, ``search.crashes``)."""
+        command or both endpoints fail the same way (``cmdcheck.EndpointGuard``)."""
         if work.untestable or work.positions or not work.runs:
             return
-        if not work.applied:
-            tally = self.good_runs
-            tally[0 if work.failure is not None else 1] += len(work.runs)
-        if work.failure is None:
-            return
-        run = _run_facts(work, realized.python, realized.origin)
-        if not work.applied:
-            self.endpoint_runs["good"] = run
-            if cmdcheck.good_stops(run):
-                raise CommandFailed(cmdcheck.message("good", run))
-        elif len(work.applied) == self.n_units:
-            self.endpoint_runs["bad"] = run
-            if cmdcheck.no_metric(run.failure) and "good" not in self.endpoint_runs:
-                raise CommandFailed(cmdcheck.message("bad", run))
-        good, bad = self.endpoint_runs.get("good"), self.endpoint_runs.get("bad")
-        if good is None or bad is None or not cmdcheck.same_failure(good, bad):
-            return
-        failed, clean = self.good_runs
-        if clean or (good.failure.kind in CRASH_KINDS and failed < GOOD_TRIES):
-            return  # a crash now and then: the search's crash regime judges it
-        raise CommandFailed(cmdcheck.message("good", good, both=True))
+        full = len(work.applied) == self.n_units
+        side = "good" if not work.applied else "bad" if full else None
+        if side is not None:
+            failed = None
+            if work.failure is not None:
+                failed = _run_facts(work, realized.python, realized.origin)
+            self.guard.saw(side, len(work.runs), failed)
 
     def _claim(self, key: str) -> tuple[TrialRecord | None, int]:
         """The logged trial of this state to replay, or the trial number to measure it as."""
@@ -346,7 +335,9 @@ class TrialRunner:
             # A warm cache that cannot be made is a state not realized as recorded: its own
             # finding (the empty cache's crash rate), never "the good state fails here too".
             work.untestable = work.failure is not None
-        if work.failure is None:
+        if work.failure is None and work.together:
+            work.failure = self._sample_together(work, realized)
+        elif work.failure is None:
             work.failure = self._sample(work, realized)
             if work.compile_cache is not None:
                 facts = [run.launch.facts for run in work.runs]
@@ -457,6 +448,25 @@ class TrialRunner:
                 break
         return None
 
+    def _sample_together(self, work: TrialWork, realized: Realized) -> Failure | None:
+        """``work.n`` processes at once (``run.together``); ``work.crashes`` counts those
+        that crashed. Returns the first crash (else the first other failure, else None)."""
+        names = [f"run-{work.first_run + i}" for i in range(work.n)]
+        for path in realized.cold:  # a local target (options): its caches are at hand
+            together.empty_dir(Path(path))
+        copies = work.trial_dir / "together"
+        specs = [self._spec(work, realized, name, 1) for name in names]
+        specs = [replace(s, env=together.own_caches(s.env, copies / s.name)) for s in specs]
+        try:
+            logs, found = together.run_at_once(self.o.smoke, specs)
+        finally:
+            shutil.rmtree(copies, ignore_errors=True)
+        work.runs.extend(logs)
+        failures = [m.failure for m in found if not m.ok and m.failure]
+        crashes = [f for f in failures if f.kind in CRASH_KINDS]
+        work.crashes = len(crashes)
+        return next(iter(crashes or failures), None)
+
     def _fill(self, work: TrialWork, realized: Realized) -> Failure | None:
         """Make the warm caches whose recorded content is gone: run the state into their
         empty dirs, once per trial, with compiles kept apart (the built-in drafter with one
@@ -543,7 +553,7 @@ class TrialRunner:
             # A cold cache is cold for every run, not only the trial's first: what an
             # earlier run of the trial compiled into it is removed.
             for path in realized.cold:
-                _empty_dir(Path(path))
+                together.empty_dir(Path(path))
         window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
         if window is not None:
@@ -580,12 +590,6 @@ def _wrote_into(realized: Realized, transport: Transport) -> bool | None:
         return None
     dirs = [Path(realized.env[CACHE_ENV[name]]) for name in realized.fill]
     return any(path.is_dir() and any(path.iterdir()) for path in dirs)
-
-
-def _empty_dir(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-        path.mkdir()
 
 
 def _worker_name(worker: Worker | None) -> str | None:

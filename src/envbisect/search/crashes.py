@@ -27,12 +27,14 @@ class CrashWatch:
         on_failure: OnFailure,
         crash_runs: int,
         rate_runs: int = 5,
+        rate_together: int = 1,
     ) -> None:
         self.cache = cache
         self.units = units
         self.on_failure = on_failure
         self.crash_runs = crash_runs
         self.rate_runs = rate_runs
+        self.together = rate_together
         self.rate: CrashRate | None = None
         self.clear_runs = 1
         self.base: Record | None = None  # the good state, when it crashes now and then
@@ -105,9 +107,22 @@ class CrashWatch:
 
     def culprit_rate(self, rec: Record) -> None:
         """A culprit's own state crashed: run it until ``rate_runs`` runs, so that its line
-        says a rate ("crashed 5 of 5"), not one crash."""
+        says a rate ("crashed 5 of 5"), not one crash. With ``rate_together`` > 1 the runs
+        left go ``rate_together`` at a time, once the state has a figure of its own or has
+        crashed twice (a run alone first: a clean one gives the figure its line shows)."""
         while rec.crashes and not rec.untestable and rec.runs < self.rate_runs:
-            self._once_more(rec, Say.CULPRIT_RATE, self.rate_runs)
+            left = self.rate_runs - rec.runs
+            if self.together > 1 and left > 1 and (rec.samples or rec.runs >= 2):
+                runs = min(left, self.together)
+                rate = CrashRate(rec.crashes, rec.runs)
+                self.cache.emit(
+                    EventKind.MORE_SAMPLES,
+                    say(Say.CULPRIT_RATE_AT_ONCE, index=rec.index, rate=rate, runs=runs),
+                    rec,
+                )
+                self.cache.call_rate(rec, runs)
+            else:
+                self._once_more(rec, Say.CULPRIT_RATE, self.rate_runs)
 
     def retry_good(self, good: Record) -> None:
         """The good state crashed in every run so far (the field's warm cache crashes 2 runs

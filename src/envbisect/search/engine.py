@@ -102,6 +102,7 @@ from envbisect.search.state import (
     BatchTestFn,
     OnFailure,
     Outcome,
+    RateTestFn,
     SearchSettings,
     State,
     TestFn,
@@ -126,6 +127,7 @@ class _Engine:
         progress: Callable[[Event], None] | None,
         replay: Mapping[State, Outcome],
         test_many: BatchTestFn | None = None,
+        test_rate: RateTestFn | None = None,
     ) -> None:
         self.units = Units(units)
         everything = self.units.everything
@@ -133,7 +135,12 @@ class _Engine:
         self.find_all = settings.find_all
         self.budget = Budget(settings.max_trials)
         self.cache = SampleCache(
-            test, self.budget, progress=progress, replay=replay, test_many=test_many
+            test,
+            self.budget,
+            progress=progress,
+            replay=replay,
+            test_many=test_many,
+            test_rate=test_rate,
         )
         self.threshold = Threshold(
             self.cache,
@@ -148,6 +155,7 @@ class _Engine:
             on_failure=on_failure,
             crash_runs=settings.crash_runs,
             rate_runs=settings.crash_rate_runs,
+            rate_together=settings.rate_together,
         )
         sampling = {"repeats": settings.repeats, "max_samples": settings.max_samples}
         self.scheduler: Scheduler = (
@@ -276,6 +284,7 @@ def search(
     progress: Callable[[Event], None] | None = None,
     replay: Mapping[State, Outcome] | None = None,
     test_many: BatchTestFn | None = None,
+    test_rate: RateTestFn | None = None,
     **options: Any,
 ) -> SearchResult:
     """Find the unit(s) whose application turns the good state slow.
@@ -287,12 +296,19 @@ def search(
     of calling ``test``. With ``workers`` k > 1 the search proposes up to k states per round
     — both endpoints together, k-ary splits, both confirmations together, k commits at a
     time — and ``test_many([(state, n), ...])`` measures them (default: ``test`` on each in
-    turn). With k = 1 the search is exactly the sequential one.
+    turn). With k = 1 the search is exactly the sequential one. ``test_rate(state, n)``:
+    ``n`` processes of ``state`` at once for a culprit's crash rate (``rate_together``).
     """
     settings = replace(settings or SearchSettings(), **options)
     settings.validate(units)
     engine = _Engine(
-        units, test, settings, progress=progress, replay=replay or {}, test_many=test_many
+        units,
+        test,
+        settings,
+        progress=progress,
+        replay=replay or {},
+        test_many=test_many,
+        test_rate=test_rate,
     )
     try:
         return engine.run()

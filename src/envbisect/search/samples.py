@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from envbisect.model.failure import CRASH_KINDS, Failure
 from envbisect.search.budget import Budget
 from envbisect.search.result import Event, EventKind, Trial
-from envbisect.search.state import BatchTestFn, Outcome, Purpose, State, TestFn
+from envbisect.search.state import BatchTestFn, Outcome, Purpose, RateTestFn, State, TestFn
 from envbisect.search.verdict import Noise, Verdict, median
 from envbisect.search.wording import Reason, Say, say
 
@@ -70,7 +70,7 @@ class Record:
             self.untestable = True
         if failure:
             self.failure = failure
-        elif not good:
+        elif not good and not out.rate_only:
             self.failure = Failure("no samples")
 
 
@@ -85,9 +85,11 @@ class SampleCache:
         progress: Callable[[Event], None] | None,
         replay: Mapping[State, Outcome],
         test_many: BatchTestFn | None = None,
+        test_rate: RateTestFn | None = None,
     ) -> None:
         self.test = test
         self.test_many = test_many
+        self.test_rate = test_rate
         self.budget = budget
         self.progress = progress
         self.replay = dict(replay)
@@ -154,6 +156,18 @@ class SampleCache:
             self.call_many([(rec, n)])
             return
         rec.take(replayed if replayed is not None else self.test(rec.state, n))
+
+    def call_rate(self, rec: Record, runs: int) -> None:
+        """``runs`` more processes of ``rec`` at once, for its crash rate alone (one after
+        the other when the caller has no ``test_rate``)."""
+        replayed = self.replay.pop(rec.state, None)
+        if replayed is not None:
+            rec.take(replayed)
+        elif self.test_rate is None:
+            for _ in range(runs):
+                self.call(rec, 1)
+        else:
+            rec.take(self.test_rate(rec.state, runs))
 
     def call_many(self, calls: Sequence[tuple[Record, int]]) -> None:
         """Measure several states at once (one batch of the caller's workers)."""

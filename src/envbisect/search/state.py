@@ -94,9 +94,14 @@ class Outcome:
     runs: int = 0
     crashes: int = 0
     contended: tuple[bool, ...] = ()
+    # Runs for a crash rate alone (``RateTestFn``): whether they crashed counts, their
+    # figures do not (processes sharing the machine), so no samples is no failure.
+    rate_only: bool = False
 
 
 TestFn = Callable[[State, int], Outcome]
+# ``n`` processes of a state at once, for its crash rate: an Outcome with ``rate_only``.
+RateTestFn = Callable[[State, int], Outcome]
 # Several states at once, one worker each: (state, n) pairs in, outcomes in the same order.
 BatchTestFn = Callable[[Sequence[tuple[State, int]]], Sequence[Outcome]]
 
@@ -135,6 +140,8 @@ class SearchSettings:
     recheck_loaded: bool = False
     # Runs of a culprit's own state that crashed, so that its crash rate is said (n of N).
     crash_rate_runs: int = 5
+    # Of those runs, how many run at once (``RateTestFn``; 1: one after the other).
+    rate_together: int = 1
 
     def validate(self, units: Sequence[str]) -> None:
         """ValueError for a mistake of the caller (which validates user input first)."""
@@ -157,6 +164,8 @@ class SearchSettings:
             raise ValueError(f"threshold must be a positive number, got {threshold!r}")
         if self.crash_rate_runs < 1:
             raise ValueError("crash_rate_runs must be at least 1")
+        if self.rate_together < 1:
+            raise ValueError("rate_together must be at least 1")
         if self.repeats < 1:
             raise ValueError("repeats must be at least 1")
         if self.max_samples < max(3, self.repeats):

@@ -26,6 +26,7 @@ class Say(str, Enum):
     CRASH_REGIME = "crash-regime"
     LOOK_FOR_CRASH = "look-for-crash"
     CULPRIT_RATE = "culprit-rate"
+    CULPRIT_RATE_AT_ONCE = "culprit-rate-at-once"
     BASE_RATE = "base-rate"
     GOOD_RETRY = "good-retry"
     CRASH_BASELINE = "crash-baseline"
@@ -204,6 +205,10 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     ),
     Say.CULPRIT_RATE: lambda index, rate, of: (
         f"trial {index}: the culprit's own state {rate.describe()}; runs to {of} for its crash rate"
+    ),
+    Say.CULPRIT_RATE_AT_ONCE: lambda index, rate, runs: (
+        f"trial {index}: the culprit's own state {rate.describe()}; {runs} more runs at once "
+        "for its crash rate (--rate-runs-at-once; their figures are not used)"
     ),
     Say.CLEAN_RUN: lambda index, runs, of, rate: (
         f"trial {index}: clean run {runs} of {of} needed (the bad state {rate.describe()})"
