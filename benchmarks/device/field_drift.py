@@ -158,7 +158,7 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
             *eb, "run", "--config", str(cfg), "--python", py, "--good", str(good),
             "--bad", str(bad), "--until", "70%", "--find-all", "--timeout", str(ns.timeout),
             "--session", str(root / "session"), "--json", str(d / "run.json"),
-            "--report", str(d / "report.md"),
+            "--report", str(d / "report.md"), "--rate-runs-at-once", str(ns.rate_at_once),
         ]  # fmt: skip
         if ns.own:
             argv += ["--metric-regex", OWN_REGEX]
@@ -202,6 +202,9 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--workers", type=int, default=3, help="slots on the one GPU (workers:)")
     ap.add_argument("--timeout", type=int, default=180)
+    ap.add_argument(
+        "--rate-at-once", type=int, default=4, help="run's --rate-runs-at-once (1 with workers)"
+    )
     ap.add_argument("--budget", type=float, default=540, help="no new repeat after this")
     ns = ap.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
