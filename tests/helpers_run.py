@@ -333,3 +333,15 @@ class Scenario:
             "venv": tree_hashes(self.target),
             "cache": tree_hashes(self.inductor),
         }
+
+
+def cli_snapshot(config: Path, python: str, label: str, out: Path) -> Path:
+    """``envbisect snapshot --config CONFIG --label LABEL -o OUT`` through the CLI; OUT."""
+    from click.testing import CliRunner
+
+    from envbisect.cli import cli
+
+    argv = ["snapshot", "--config", str(config), "--python", python, "--label", label]
+    res = CliRunner().invoke(cli, [*argv, "-o", str(out)], standalone_mode=False)
+    assert res.exception is None and res.return_value == 0, res.output
+    return out

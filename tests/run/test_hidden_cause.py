@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from envbisect.cli import cli
+from tests.helpers_run import cli_snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +51,7 @@ print(f"throughput: {8000 / (time.perf_counter() - start):.1f} tok/s", flush=Tru
 
 def _snapshot(tmp_path: Path, label: str) -> Path:
     out = tmp_path / "manifests" / f"{label}.yaml"
-    argv = [
-        "snapshot", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
-        "--label", label, "-o", str(out),
-    ]  # fmt: skip
-    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
-    assert res.return_value == 0, res.output
-    return out
+    return cli_snapshot(tmp_path / "envbisect.yaml", sys.executable, label, out)
 
 
 def test_find_all_names_the_grown_data_and_the_cache_the_patch_hides(

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from envbisect.cli import cli
 from envbisect.model.errors import UsageError
-from tests.helpers_run import manifest
+from tests.helpers_run import cli_snapshot, manifest
 
 pytestmark = pytest.mark.slow
 
@@ -55,13 +55,7 @@ print("throughput: 5000 tok/s", flush=True)
 
 def _snapshot(tmp_path: Path, label: str) -> Path:
     out = tmp_path / f"{label}.yaml"
-    argv = [
-        "snapshot", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
-        "--label", label, "-o", str(out),
-    ]  # fmt: skip
-    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
-    assert res.return_value == 0, res.output
-    return out
+    return cli_snapshot(tmp_path / "envbisect.yaml", sys.executable, label, out)
 
 
 def _world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
