@@ -388,12 +388,16 @@ def _exit_now(code):
 
 def _stacks_later(seconds):
     """A run about to be killed at its timeout writes every thread's stack to stderr first
-    (faulthandler's watchdog; nothing runs before then): where a hang hangs."""
+    (faulthandler's watchdog; nothing runs before then): where a hang hangs. SIGUSR2 writes
+    them too: the host sends it before it ends a run that hangs using no CPU time."""
     if isinstance(seconds, (int, float)) and seconds > 0:
         import faulthandler
+        import signal
 
         with contextlib.suppress(ValueError, RuntimeError, OSError, AttributeError):
             faulthandler.dump_traceback_later(float(seconds), exit=False)
+        with contextlib.suppress(ValueError, RuntimeError, OSError, AttributeError):
+            faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 
 def _with_step_hooks(step_hooks):

@@ -114,6 +114,31 @@ def timeout_option(func: F) -> F:
     )(func)
 
 
+def hang_seconds(ctx: click.Context, param: click.Parameter, value: Any) -> float:
+    """Callback of ``--hang-after``: 0 or "off" (off), else as ``--timeout``."""
+    if str(value).strip().lower() in ("0", "0.0", "off"):
+        return 0.0
+    return seconds(ctx, param, value)
+
+
+def hang_option(func: F) -> F:
+    """``--hang-after SECONDS`` of each run of the command (run)."""
+    return click.option(
+        "--hang-after",
+        "hang_after_s",
+        default=120.0,
+        show_default=True,
+        callback=hang_seconds,
+        help="End a run of your command whose processes used no CPU time for this many "
+        "seconds, as hung (threads waiting on each other for good: the field's own threaded "
+        "script deadlocked compiling in threads), instead of waiting for --timeout; its "
+        "every thread's stack ends its stderr log. It counts as a crash. A training process "
+        "that works uses a core (a compile, the CUDA driver waiting on the GPU); one that "
+        "may wait that long doing nothing (a slow network read) needs a longer one. 0 turns "
+        "it off. Local targets only.",
+    )(func)
+
+
 def metric_regex_option(func: F) -> F:
     """``--metric-regex REGEX``, ``--warmup-lines W``, ``--no-probe``, ``--step-fn`` and
     ``--full-exit``."""

@@ -16,6 +16,7 @@ import click
 from envbisect.commands.common import (
     command_words,
     config_option,
+    hang_option,
     load_config,
     metric_regex_option,
     resolve_target,
@@ -73,6 +74,7 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     "torch stack components, releases).",
 )
 @timeout_option
+@hang_option
 @click.option(
     "--on-crash",
     type=click.Choice(["bad", "skip"]),
@@ -295,6 +297,7 @@ class RunFlags:
     crash_runs: int
     crash_rate_runs: int
     rate_together: int
+    hang_after_s: float
     find_all: bool
     recheck_loaded: bool
     cpu_threads: str
@@ -365,6 +368,7 @@ class RunFlags:
             crash_runs=self.crash_runs,
             crash_rate_runs=self.crash_rate_runs,
             rate_together=self.rate_together,
+            hang_after_s=self.hang_after_s,
             find_all=self.find_all,
             recheck_loaded=self.recheck_loaded,
             cpu_threads=self.cpu_threads,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from envbisect.model.steps import breakdown, with_steps
 from envbisect.run import cmdcheck, probed
 from envbisect.transport import Layer, LayerKind, Transport
 from envbisect.transport.bundle import build_bundle, find_frame
+from envbisect.transport.hang import HangSpec
 
 DRAFTER = "envbisect.agent.drafter"
 
@@ -76,6 +78,7 @@ class RunSpec:
     samples: int = 1  # timed windows asked of the one process
     pin: tuple[str, ...] = ()  # words put in front of the innermost command (taskset -c N)
     serialize_compiles: bool = False  # the probe compiles one thread at a time (warm-cache run)
+    hang_s: float | None = None  # end a local run that used no CPU time this long (--hang-after)
     profile: ProfileRequest | None = None  # a few steps under torch.profiler (run --profile)
 
     @property
@@ -95,6 +98,7 @@ class Launch:
     timed_out: bool = False
     stdout: bytes = b""
     stderr: bytes = b""
+    hung_s: float | None = None  # ended as hung: seconds it used no CPU time
     # Known without reading a metric: the agent's own error, a command that cannot start.
     reading: Measurement | None = None
     probed: bool = False  # ran under the probe (envbisect.run.probed); argv is as typed
@@ -188,12 +192,20 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         frame=frame,
         spec=smoke.metric,
     )
+    if launch.hung_s is not None:
+        reading = replace(reading, failure=Failure.timeout(f"({hung(launch.hung_s)})"))
     if launch.timed_out and launch.probed and probed.left_stacks(launch.stderr):
-        reading = replace(reading, failure=Failure(f"{reading.failure}; {probed.STACKS_NOTE}"))
+        note = probed.HUNG_STACKS_NOTE if launch.hung_s is not None else probed.STACKS_NOTE
+        reading = replace(reading, failure=Failure(f"{reading.failure}; {note}"))
     elif cmdcheck.no_metric(reading.failure) and _quick(launch.facts):
         reading = replace(reading, failure=Failure(f"{reading.failure}; {QUICK_NOTE}"))
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)
+
+
+def hung(idle_s: float) -> str:
+    """What a run ended as hung is said with."""
+    return f"hung: no CPU time used in its last {idle_s:.0f}s; --hang-after"
 
 
 QUICK_NOTE = (
@@ -278,6 +290,9 @@ def _launch(
     # Through layers the local environment only reaches the first hop: the state's
     # variables ride in an innermost env layer instead.
     via = far_transport(spec.transport, run_env) if spec.remote else spec.transport
+    hang = None
+    if spec.hang_s and not spec.remote:  # the probe writes every thread's stack on SIGUSR2
+        hang = HangSpec(spec.hang_s, signal.SIGUSR2 if probed.CONFIG_ENV in run_env else None)
     res = via.run(
         argv,
         stdin=stdin,
@@ -286,6 +301,7 @@ def _launch(
         env=None if spec.remote else run_env,
         cwd=None if spec.remote else spec.cwd,
         name=spec.name,
+        hang=hang,
     )
     return Launch(
         tuple(argv),
@@ -294,6 +310,7 @@ def _launch(
         timed_out=res.timed_out,
         stdout=res.stdout(),
         stderr=res.stderr_path.read_bytes(),
+        hung_s=res.hung_s,
     )
 
 

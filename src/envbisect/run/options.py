@@ -44,6 +44,7 @@ class RunOptions:
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     crash_rate_runs: int = 5  # runs of a culprit's state that crashed, for its rate
     rate_together: int = 1  # of those, how many run at once (--rate-runs-at-once)
+    hang_after_s: float = 0.0  # end a run that used no CPU time this long (0: off)
     find_all: bool = False  # go on after the first cause while reverting it is not enough
     recheck_loaded: bool = False  # measure again a verdict taken under passing load
     # OMP_NUM_THREADS of a user's command's trials: "auto" (the free cores when the machine

@@ -330,6 +330,7 @@ def stacks_at(timeout_s: float) -> float | None:
 
 
 STACKS_NOTE = "every thread's stack, written just before the timeout, ends its stderr log"
+HUNG_STACKS_NOTE = "every thread's stack, written when it was ended, ends its stderr log"
 
 
 def left_stacks(stderr: bytes) -> bool:

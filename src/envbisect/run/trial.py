@@ -545,6 +545,7 @@ class TrialRunner:
             argv_map=realized.command_argv,
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
+            hang_s=self.o.hang_after_s or None,
         )
 
     def _run(self, work: TrialWork, realized: Realized, name: str, samples: int) -> Measurement:

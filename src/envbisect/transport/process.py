@@ -19,6 +19,7 @@ from typing import IO, Any
 from envbisect.model.errors import TransportError
 from envbisect.transport import reaper
 from envbisect.transport.bundle import Bundle, build_bundle, find_frame
+from envbisect.transport.hang import TICK_S, HangSpec, HangWatch
 from envbisect.transport.layers import Layer, LayerKind, parse_layer, shell_join
 
 # Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN, 32 pages, incl. NUL).
@@ -48,6 +49,7 @@ class ProcessResult:
     stdout_path: Path
     stderr_path: Path
     killed: tuple[str, ...] = ()
+    hung_s: float | None = None  # ended as hung (``hang``): seconds it used no CPU time
 
     def stdout(self) -> bytes:
         return self.stdout_path.read_bytes()
@@ -105,8 +107,10 @@ class Transport:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         name: str = "run",
+        hang: HangSpec | None = None,
     ) -> ProcessResult:
-        """Run the composed argv; kill its whole process group at the timeout.
+        """Run the composed argv; kill its whole process group at the timeout, or (``hang``,
+        a local run only) once it used no CPU time for ``hang.idle_s``.
 
         ``env`` and ``cwd`` apply to the first, local process only; through layers use
         :meth:`with_env` (and absolute paths). Raises TransportError before starting anything
@@ -125,8 +129,9 @@ class Transport:
         reaper.run_starting()
         with _private_log(out_path) as out, _private_log(err_path) as err:
             proc = self._start(full, out, err, run_env, cwd)
+            watch = HangWatch(proc.pid, hang) if hang is not None and not self.layers else None
             timed_out, killed = _wait_and_end_leftovers(
-                proc, stdin, timeout_s, tag, log_dir / f"{name}.killed"
+                proc, stdin, timeout_s, tag, log_dir / f"{name}.killed", watch
             )
         return ProcessResult(
             argv=tuple(full),
@@ -136,6 +141,7 @@ class Transport:
             stdout_path=out_path,
             stderr_path=err_path,
             killed=tuple(killed),
+            hung_s=round(watch.idle_for(), 1) if watch is not None and watch.ended else None,
         )
 
     def _start(
@@ -218,6 +224,7 @@ def _wait_and_end_leftovers(
     timeout_s: float | None,
     tag: str,
     killed_path: Path,
+    watch: HangWatch | None = None,
 ) -> tuple[bool, list[str]]:
     """Feed and wait for ``proc`` (killing its group at the timeout or on any exception),
     then end what it left behind, listed in ``killed_path``; whether it timed out, and the
@@ -227,8 +234,10 @@ def _wait_and_end_leftovers(
     since = reaper.run_started(proc.pid, tag)
     killed: list[str] = []
     try:
-        timed_out = not _feed_and_wait(proc, stdin, timeout_s)
+        timed_out = not _feed_and_wait(proc, stdin, timeout_s, watch)
         if timed_out:
+            if watch is not None and watch.ended:
+                _ask_for_stacks(proc, watch.spec.stack_signal)
             _kill_group(proc)
     except BaseException:
         _kill_group(proc)
@@ -244,8 +253,14 @@ def _wait_and_end_leftovers(
     return timed_out, killed
 
 
-def _feed_and_wait(proc: subprocess.Popen[bytes], data: bytes, timeout_s: float | None) -> bool:
-    """Feed stdin and wait for the exit; False when ``timeout_s`` passed first.
+def _feed_and_wait(
+    proc: subprocess.Popen[bytes],
+    data: bytes,
+    timeout_s: float | None,
+    watch: HangWatch | None = None,
+) -> bool:
+    """Feed stdin and wait for the exit; False when ``timeout_s`` passed first, or ``watch``
+    saw the run hang (``watch.ended``).
 
     Both happen in threads: the write must not block past the timeout (a hop that hangs
     before reading must not hold a large program's write forever; a reader that went away
@@ -264,8 +279,34 @@ def _feed_and_wait(proc: subprocess.Popen[bytes], data: bytes, timeout_s: float 
     waiter = threading.Thread(target=proc.wait, daemon=True)
     feeder.start()
     waiter.start()
-    waiter.join(timeout_s)
-    return not waiter.is_alive()
+    if watch is None:
+        waiter.join(timeout_s)
+        return not waiter.is_alive()
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
+        waiter.join(max(0.0, wait))
+        if not waiter.is_alive():
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        if watch.hung():
+            watch.ended = True
+            return False
+
+
+def _ask_for_stacks(proc: subprocess.Popen[bytes], sig: int | None) -> None:
+    """Before a hung run is killed: ``sig`` to its first process (the probe writes every
+    thread's stack to stderr on it), and a moment to write them."""
+    if sig is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=STACKS_WAIT_S)
+
+
+STACKS_WAIT_S = 2.0
 
 
 # Processes started by Transport.run that have not been reaped yet (several at once when the

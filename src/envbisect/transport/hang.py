@@ -1,0 +1,78 @@
+"""A run that hangs without using the CPU: threads waiting on each other for good.
+
+On the H100 the field's drift with the user's own threaded script deadlocked (a thread
+tracing flex attention's backward waited on the autograd engine, whose device thread was
+compiling another thread's backward) and sat until its 170 s timeout, each time. A process
+group that used almost no CPU time for ``idle_s`` seconds is ended as hung: a training
+process that works spins a core (the CUDA driver busy-waits on the GPU by default, a compile
+uses the CPU), so silence that long is a deadlock, or a wait on something that will not
+come. The run's own processes are read from ``/proc`` (the group the run leads); a local
+run only: through layers the local process is the first hop, idle by nature.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+
+TICK_S = 2.0  # how often the group's CPU time is read
+IDLE_CORE = 0.005  # under this share of one core, over idle_s, the group is idle
+
+
+@dataclass(frozen=True)
+class HangSpec:
+    """End a run whose processes used no CPU time for ``idle_s`` seconds; before, send
+    ``stack_signal`` to its first process (the probe writes every thread's stack on it)."""
+
+    idle_s: float
+    stack_signal: int | None = None
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds of the processes in group ``pgid``: their own and their reaped
+    children's (fields 14-17 of ``/proc/<pid>/stat``)."""
+    ticks = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0.0
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()  # after "pid (comm) "
+        if len(fields) > 14 and int(fields[2]) == pgid:
+            ticks += sum(int(x) for x in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class HangWatch:
+    """Reads of one run's group CPU time; ``hung()`` once the last ``idle_s`` used none."""
+
+    def __init__(self, pgid: int, spec: HangSpec) -> None:
+        self.pgid = pgid
+        self.spec = spec
+        self.reads: deque[tuple[float, float]] = deque()
+        self.ended = False  # the run was ended as hung
+
+    def hung(self) -> bool:
+        now, cpu = time.monotonic(), group_cpu_s(self.pgid)
+        if self.reads and cpu < self.reads[-1][1]:
+            self.reads.clear()  # a process left the group with its time: start again
+        self.reads.append((now, cpu))
+        while len(self.reads) > 1 and self.reads[1][0] <= now - self.spec.idle_s:
+            self.reads.popleft()  # keep one read at or before the window's start
+        first_t, first_cpu = self.reads[0]
+        if now - first_t < self.spec.idle_s:
+            return False
+        return cpu - first_cpu < IDLE_CORE * (now - first_t)
+
+    def idle_for(self) -> float:
+        """Seconds since the window's first read."""
+        return time.monotonic() - self.reads[0][0] if self.reads else 0.0
