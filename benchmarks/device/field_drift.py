@@ -16,7 +16,7 @@ then); the patch and the allocator setting innocent.
 
 Usage (repo root, on the GPU machine, envbisect importable, e.g. PYTHONPATH=src):
     python3 benchmarks/device/field_drift.py OUTDIR [--own] [--repeat N] [--workers K]
-        [--budget S]
+        [--budget S] [--timeout S] [--rate-at-once K] [--hang-after S]
 Writes OUTDIR/<mode>-<i>/{transcript.txt,run.json,report.md} and OUTDIR/<mode>-summary.jsonl;
 ``FIELD_DRIFT_SMOKE='--preset tiny ...'`` swaps the drafter's size (a CPU plumbing check).
 """
@@ -158,7 +158,8 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
             *eb, "run", "--config", str(cfg), "--python", py, "--good", str(good),
             "--bad", str(bad), "--until", "70%", "--find-all", "--timeout", str(ns.timeout),
             "--session", str(root / "session"), "--json", str(d / "run.json"),
-            "--report", str(d / "report.md"), "--rate-runs-at-once", str(ns.rate_at_once),
+            "--report", str(d / "report.md"), "--hang-after", str(ns.hang_after),
+            "--rate-runs-at-once", str(ns.rate_at_once if ns.workers == 1 else 1),
         ]  # fmt: skip
         if ns.own:
             argv += ["--metric-regex", OWN_REGEX]
@@ -200,10 +201,14 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--own", action="store_true", help="the user's own threaded script")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--workers", type=int, default=3, help="slots on the one GPU (workers:)")
+    # One: three slots on one card slowed each other (calibration refused 2 of 3, H100).
+    ap.add_argument("--workers", type=int, default=1, help="slots on the one GPU (workers:)")
     ap.add_argument("--timeout", type=int, default=180)
     ap.add_argument(
         "--rate-at-once", type=int, default=4, help="run's --rate-runs-at-once (1 with workers)"
+    )
+    ap.add_argument(
+        "--hang-after", type=float, default=60, help="run's --hang-after (the own script hangs)"
     )
     ap.add_argument("--budget", type=float, default=540, help="no new repeat after this")
     ns = ap.parse_args()
