@@ -234,7 +234,7 @@ class _Engine:
             bad = bad - core
         if self.find_all and without.verdict is Verdict.GOOD:
             # Everything but the culprits runs good: a cause another change hides is left.
-            self.culprits.extend(self.masked.screen(bad - core, State.of(bad - core)))
+            self.culprits.extend(self.masked.screen(bad - core))
         return self._result(SearchOutcome.FOUND, self._found(notes), (), notes, restored=restored)
 
     def _found(self, notes: Sequence[Reason]) -> Reason:

@@ -64,9 +64,10 @@ class MaskedScreen:
         self.confirmation = confirmation
         self.units = units
 
-    def screen(self, rest: frozenset[str], restored: State) -> list[Isolation]:
-        """Each group of ``rest`` alone on top of good; the causes among them, each marked
-        ``hidden``. ``restored``: everything but the culprits, measured good."""
+    def screen(self, rest: frozenset[str]) -> list[Isolation]:
+        """Each group of ``rest`` (everything but the culprits, measured good) alone on top
+        of good; the causes among them, each marked ``hidden``."""
+        restored = State.of(rest)
         found: list[Isolation] = []
         todo = groups(self.units, rest)
         if not todo:

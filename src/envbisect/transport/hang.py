@@ -17,6 +17,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from envbisect.agent.procfs import read_stat
+
 TICK_S = 2.0  # how often the group's CPU time is read
 IDLE_CORE = 0.005  # under this share of one core, over idle_s, the group is idle
 
@@ -31,24 +33,17 @@ class HangSpec:
 
 
 def group_cpu_s(pgid: int) -> float:
-    """CPU seconds of the processes in group ``pgid``: their own and their reaped
-    children's (fields 14-17 of ``/proc/<pid>/stat``)."""
+    """CPU seconds the processes now in group ``pgid`` have used (``agent.procfs``). One
+    that leaves takes its time with it: ``HangWatch`` starts its window again then."""
     ticks = 0
     try:
-        entries = os.listdir("/proc")
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return 0.0
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()  # after "pid (comm) "
-        if len(fields) > 14 and int(fields[2]) == pgid:
-            ticks += sum(int(x) for x in fields[11:15])
+    for pid in pids:
+        stat = read_stat(pid)
+        if stat is not None and stat.pgrp == pgid:
+            ticks += stat.utime + stat.stime
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -59,7 +54,7 @@ class HangWatch:
         self.pgid = pgid
         self.spec = spec
         self.reads: deque[tuple[float, float]] = deque()
-        self.ended = False  # the run was ended as hung
+        self.hung_for: float | None = None  # once hung: the seconds it used no CPU time
 
     def hung(self) -> bool:
         now, cpu = time.monotonic(), group_cpu_s(self.pgid)
@@ -69,10 +64,7 @@ class HangWatch:
         while len(self.reads) > 1 and self.reads[1][0] <= now - self.spec.idle_s:
             self.reads.popleft()  # keep one read at or before the window's start
         first_t, first_cpu = self.reads[0]
-        if now - first_t < self.spec.idle_s:
+        if now - first_t < self.spec.idle_s or cpu - first_cpu >= IDLE_CORE * (now - first_t):
             return False
-        return cpu - first_cpu < IDLE_CORE * (now - first_t)
-
-    def idle_for(self) -> float:
-        """Seconds since the window's first read."""
-        return time.monotonic() - self.reads[0][0] if self.reads else 0.0
+        self.hung_for = now - first_t
+        return True

@@ -141,7 +141,7 @@ class Transport:
             stdout_path=out_path,
             stderr_path=err_path,
             killed=tuple(killed),
-            hung_s=round(watch.idle_for(), 1) if watch is not None and watch.ended else None,
+            hung_s=None if watch is None or watch.hung_for is None else round(watch.hung_for, 1),
         )
 
     def _start(
@@ -236,7 +236,7 @@ def _wait_and_end_leftovers(
     try:
         timed_out = not _feed_and_wait(proc, stdin, timeout_s, watch)
         if timed_out:
-            if watch is not None and watch.ended:
+            if watch is not None and watch.hung_for is not None:
                 _ask_for_stacks(proc, watch.spec.stack_signal)
             _kill_group(proc)
     except BaseException:
@@ -260,7 +260,7 @@ def _feed_and_wait(
     watch: HangWatch | None = None,
 ) -> bool:
     """Feed stdin and wait for the exit; False when ``timeout_s`` passed first, or ``watch``
-    saw the run hang (``watch.ended``).
+    saw the run hang (``watch.hung_for``).
 
     Both happen in threads: the write must not block past the timeout (a hop that hangs
     before reading must not hold a large program's write forever; a reader that went away
@@ -291,7 +291,6 @@ def _feed_and_wait(
         if deadline is not None and time.monotonic() >= deadline:
             return False
         if watch.hung():
-            watch.ended = True
             return False
 
 
