@@ -345,3 +345,17 @@ def cli_snapshot(config: Path, python: str, label: str, out: Path) -> Path:
     res = CliRunner().invoke(cli, [*argv, "-o", str(out)], standalone_mode=False)
     assert res.exception is None and res.return_value == 0, res.output
     return out
+
+
+def env_scenario(tmp: Path, program: str, bad_env: dict[str, str]) -> tuple[Scenario, Path]:
+    """A user's world whose only change is the environment (good: ``A1=x``; bad:
+    ``bad_env``); ``program`` is the command's script, ``train_threads.py``."""
+    sc = Scenario(tmp)
+    sc.venv("ebwork==1.0")
+    script = tmp / "train_threads.py"
+    script.write_text(program)
+    git = sc.git_entry(sc.commits[0])
+    good = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "x"}, "git": git}
+    bad = {"packages": {"ebwork": pkg("1.0")}, "env": bad_env, "git": git}
+    sc.write(good=good, bad=bad, loose_good=b"lr = 0.2\n", loose_bad=b"lr = 0.2\n")
+    return sc, script

@@ -18,7 +18,7 @@ from envbisect.model.errors import CommandFailed
 from envbisect.model.failure import Failure
 from envbisect.run import cmdcheck
 from envbisect.search.crashes import GOOD_TRIES
-from tests.helpers_run import Scenario, pkg
+from tests.helpers_run import env_scenario
 
 WARNING = (
     "/w/train.py:66: DeprecationWarning: _compile flag on create_block_mask was originally"
@@ -45,19 +45,6 @@ print("throughput: 8000 tok/s", flush=True)
 """
 
 
-def _scenario(tmp_path: Path, program: str, bad_env: dict[str, str]) -> tuple[Scenario, Path]:
-    """A user's world whose only change is the environment; ``program`` is the command."""
-    sc = Scenario(tmp_path)
-    sc.venv("ebwork==1.0")
-    script = tmp_path / "train_threads.py"
-    script.write_text(program)
-    git = sc.git_entry(sc.commits[0])
-    good = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "x"}, "git": git}
-    bad = {"packages": {"ebwork": pkg("1.0")}, "env": bad_env, "git": git}
-    sc.write(good=good, bad=bad, loose_good=b"lr = 0.2\n", loose_bad=b"lr = 0.2\n")
-    return sc, script
-
-
 def _facts(stderr: str, failure: Failure) -> cmdcheck.RunFacts:
     return cmdcheck.RunFacts(("python", "t.py"), None, "python", True, 1, "", stderr, failure)
 
@@ -81,7 +68,7 @@ def test_a_crash_and_a_timeout_are_not_the_same_failure() -> None:
 def test_a_good_state_that_crashed_once_and_a_hanging_bad_state_are_bisected(
     tmp_path: Path,
 ) -> None:
-    sc, script = _scenario(tmp_path, SCRIPT, {"A1": "y", "EB_HANG": "1"})
+    sc, script = env_scenario(tmp_path, SCRIPT, {"A1": "y", "EB_HANG": "1"})
     argv = [
         "run", "--config", str(sc.config), "--python", sc.python, "--bad", str(sc.bad),
         "--session", str(tmp_path / "session"), "--json", str(tmp_path / "result.json"),
@@ -101,7 +88,7 @@ def test_a_command_failing_alike_in_every_run_of_both_endpoints_stops_the_run(
     tmp_path: Path,
 ) -> None:
     broken = "raise RuntimeError('CUDA error: no kernel image')\n"
-    sc, script = _scenario(tmp_path, broken, {"A1": "y"})
+    sc, script = env_scenario(tmp_path, broken, {"A1": "y"})
     argv = [
         "run", "--config", str(sc.config), "--python", sc.python, "--bad", str(sc.bad),
         "--session", str(tmp_path / "session"), "--", "python", str(script),

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from envbisect.cli import cli
 from envbisect.transport import Transport
 from envbisect.transport.hang import HangSpec
-from tests.helpers_run import Scenario, pkg
+from tests.helpers_run import env_scenario
 
 # EB_DEADLOCK: two threads take two locks in opposite order and wait for each other for
 # good (no CPU used); otherwise a figure. EB_BUSY: seconds of pure CPU work first, printing
@@ -49,14 +49,7 @@ print("throughput: 9000 tok/s", flush=True)
 
 
 def _run(tmp_path: Path, bad_env: dict[str, str], *extra: str) -> tuple[str, dict, float]:
-    sc = Scenario(tmp_path)
-    sc.venv("ebwork==1.0")
-    script = tmp_path / "train_threads.py"
-    script.write_text(PROGRAM)
-    git = sc.git_entry(sc.commits[0])
-    good = {"packages": {"ebwork": pkg("1.0")}, "env": {"A1": "x"}, "git": git}
-    bad = {"packages": {"ebwork": pkg("1.0")}, "env": bad_env, "git": git}
-    sc.write(good=good, bad=bad, loose_good=b"lr = 0.2\n", loose_bad=b"lr = 0.2\n")
+    sc, script = env_scenario(tmp_path, PROGRAM, bad_env)
     argv = [
         "run", "--config", str(sc.config), "--python", sc.python, "--bad", str(sc.bad),
         "--session", str(tmp_path / "session"), "--json", str(tmp_path / "r.json"),
