@@ -89,7 +89,7 @@ def _run(tmp_path: Path, script: Path, good: Path, bad: Path, *extra: str) -> di
     ]  # fmt: skip
     res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
     assert res.return_value == 0, res.output
-    assert "more runs at once for its crash rate" in res.stderr
+    assert "more runs at once for the culprit's crash rate" in res.stderr
     return json.loads(out.read_text())
 
 

@@ -158,3 +158,43 @@ def test_a_good_state_that_crashes_every_time_still_fails_after_its_tries() -> N
     assert res.outcome.value == "not-reproduced"
     assert "the good state fails here too" in res.message
     assert res.trials[0].runs == GOOD_TRIES and res.trials[0].crashes == GOOD_TRIES
+
+
+def test_every_crash_counting_run_goes_at_once_with_rate_together() -> None:
+    """The own script's drift on the H100: the good state crashes now and then, the bad one
+    every time (a hang each, 30-60 s); the estimate, the good state's base rate, the clear
+    runs and the culprits' rates one process after another took most of the run. With
+    ``rate_together`` they go several at once, each state's first run alone; the answer is
+    the sequential one."""
+    from envbisect.search import search
+
+    sequential = search(
+        ["cache", "data", "patch"], WarmRace(), find_all=True, threshold_fraction=0.7
+    )
+    world = WarmRace()
+    calls: list[tuple[frozenset[str], int]] = []
+
+    def alone(state: State, n: int) -> Outcome:
+        calls.append((state.applied, 1))
+        return world(state, n)
+
+    def at_once(state: State, runs: int) -> Outcome:
+        assert (state.applied, 1) in calls  # a state's first run goes alone
+        calls.append((state.applied, runs))
+        outs = [world(state, 1) for _ in range(runs)]
+        crashed = [o.failure for o in outs if o.failure]
+        return Outcome(
+            failure=crashed[0] if crashed else None, runs=runs, crashes=len(crashed), rate_only=True
+        )
+
+    res = search(
+        ["cache", "data", "patch"], alone, find_all=True, threshold_fraction=0.7,
+        rate_together=4, test_rate=at_once,
+    )  # fmt: skip
+    assert [c.units for c in res.culprits] == [c.units for c in sequential.culprits]
+    assert res.outcome == sequential.outcome
+    processes = sum(t.runs for t in res.trials)
+    assert len(calls) < processes * 0.6, (len(calls), processes)
+    assert max(n for _, n in calls) == 4
+    good = res.trials[0]
+    assert good.failure is None and good.runs >= 8 and good.samples

@@ -104,12 +104,13 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Run those crash-rate runs this many processes at once (after one run alone, "
-    "whose figure the culprit line shows), each with its own copy of the compile caches. "
-    "A crash rate needs no clean timing (on an H100, 3 at once took about 40 s, where one "
-    "after the other takes about 3 x 45 s). Keep 1 when one copy of your command fills "
-    "the GPU's memory (an out-of-memory crash would count as a crash). Local targets "
-    "only, not with --workers.",
+    help="Run every run that only counts crashes this many processes at once: the bad "
+    "state's crash-rate estimate, the clean runs that clear a state of it, the good "
+    "state's own rate, a culprit's rate. A state's first run goes alone (its figure is the "
+    "one kept); each process gets its own copy of the compile caches. A crash rate needs no "
+    "clean timing (on an H100, 3 at once took about 40 s, where one after the other takes "
+    "about 3 x 45 s). Keep 1 when one copy of your command fills the GPU's memory (an "
+    "out-of-memory crash would count as a crash). Local targets only, not with --workers.",
 )
 @click.option(
     "--cpu-threads",

@@ -1,4 +1,4 @@
-"""Processes of one state at once, for a culprit's crash rate (``--rate-runs-at-once``).
+"""Processes of one state at once, for crash counts alone (``--rate-runs-at-once``).
 
 A crash rate needs no clean timing, only whether each process crashed; on the H100 the
 field's grown data took 180 s of a 410 s run for its four rate runs one after the other.

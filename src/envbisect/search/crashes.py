@@ -9,7 +9,15 @@ one-sided Fisher test at the per-state confidence); otherwise its clean runs jud
 from __future__ import annotations
 
 from envbisect.model.failure import CRASH_KINDS
-from envbisect.search.crashrate import CrashRate, clear_confidence, more_often, runs_to_clear
+from envbisect.search.crashrate import (
+    ESTIMATE_CRASHES,
+    ESTIMATE_MIN_RUNS,
+    ESTIMATE_RUNS,
+    CrashRate,
+    clear_confidence,
+    more_often,
+    runs_to_clear,
+)
 from envbisect.search.result import EventKind
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import OnFailure
@@ -51,6 +59,8 @@ class CrashWatch:
         """The bad endpoint crashed: run it until its crash rate is estimated; from then on
         every state that runs clean is run until it would have shown such a rate."""
         while not CrashRate(bad.crashes, bad.runs).estimated():
+            if self._at_once(bad, _estimate_runs(bad), Say.CRASH_ESTIMATE, alone=1):
+                continue
             self.cache.emit(
                 EventKind.MORE_SAMPLES,
                 say(Say.CRASH_ESTIMATE, index=bad.index, rate=CrashRate(bad.crashes, bad.runs)),
@@ -76,6 +86,8 @@ class CrashWatch:
     def look(self, bad: Record) -> None:
         """A bad endpoint that is not slow: up to ``crash_runs`` runs looking for a crash."""
         while not bad.crashes and not bad.untestable and bad.runs < self.crash_runs:
+            if self._at_once(bad, self.crash_runs, Say.LOOK_FOR_CRASH):
+                continue
             self.cache.emit(
                 EventKind.MORE_SAMPLES,
                 say(Say.LOOK_FOR_CRASH, index=bad.index, run=bad.runs + 1, of=self.crash_runs),
@@ -92,6 +104,8 @@ class CrashWatch:
         if self.rate is None or rec.untestable or rec.failure:
             return
         while not rec.failure and not rec.crashes and rec.runs < self.clear_runs:
+            if self._at_once(rec, self.clear_runs, Say.CLEAN_RUN):
+                continue
             self.cache.emit(
                 EventKind.MORE_SAMPLES,
                 say(
@@ -107,21 +121,10 @@ class CrashWatch:
 
     def culprit_rate(self, rec: Record) -> None:
         """A culprit's own state crashed: run it until ``rate_runs`` runs, so that its line
-        says a rate ("crashed 5 of 5"), not one crash. With ``rate_together`` > 1 the runs
-        left go ``rate_together`` at a time, once the state has a figure of its own or has
-        crashed twice (a run alone first: a clean one gives the figure its line shows)."""
+        says a rate ("crashed 5 of 5"), not one crash; at once (``_at_once``) after two runs
+        alone that crashed: the culprit line shows a clean run's figure where one comes."""
         while rec.crashes and not rec.untestable and rec.runs < self.rate_runs:
-            left = self.rate_runs - rec.runs
-            if self.together > 1 and left > 1 and (rec.samples or rec.runs >= 2):
-                runs = min(left, self.together)
-                rate = CrashRate(rec.crashes, rec.runs)
-                self.cache.emit(
-                    EventKind.MORE_SAMPLES,
-                    say(Say.CULPRIT_RATE_AT_ONCE, index=rec.index, rate=rate, runs=runs),
-                    rec,
-                )
-                self.cache.call_rate(rec, runs)
-            else:
+            if not self._at_once(rec, self.rate_runs, Say.CULPRIT_RATE, alone=2):
                 self._once_more(rec, Say.CULPRIT_RATE, self.rate_runs)
 
     def retry_good(self, good: Record) -> None:
@@ -132,6 +135,25 @@ class CrashWatch:
             return
         while not good.samples and good.runs < GOOD_TRIES:
             self._once_more(good, Say.GOOD_RETRY, GOOD_TRIES)
+
+    def _at_once(self, rec: Record, of: int, why: Say, *, alone: int = 1) -> bool:
+        """With ``together`` > 1 (``--rate-runs-at-once``): the runs ``rec`` has left toward
+        ``of``, up to ``together`` processes at once (only whether each crashed counts: their
+        figures are not kept). Only once the state has a figure of its own or ``alone`` runs
+        one after the other (a clean run alone gives the figure its line shows); False when
+        the next run goes alone."""
+        left = of - rec.runs
+        if self.together < 2 or left < 2 or not (rec.samples or rec.runs >= alone):
+            return False
+        runs = min(left, self.together)
+        rate = CrashRate(rec.crashes, rec.runs)
+        self.cache.emit(
+            EventKind.MORE_SAMPLES,
+            say(Say.RUNS_AT_ONCE, index=rec.index, rate=rate, runs=runs, why=AT_ONCE_WHY[why]),
+            rec,
+        )
+        self.cache.call_rate(rec, runs)
+        return True
 
     def _once_more(self, rec: Record, why: Say, of: int) -> None:
         """One more run of ``rec``, said with its crash rate so far and the runs it goes to."""
@@ -147,6 +169,8 @@ class CrashWatch:
         if not good.crashes or not good.samples or good.untestable:
             return
         while good.runs < max(BASE_RUNS, self.rate_runs):
+            if self._at_once(good, max(BASE_RUNS, self.rate_runs), Say.BASE_RATE):
+                continue
             self.cache.emit(
                 EventKind.MORE_SAMPLES,
                 say(Say.BASE_RATE, index=good.index, rate=CrashRate(good.crashes, good.runs)),
@@ -181,6 +205,8 @@ class CrashWatch:
             ):
                 _forgive(rec)
                 return
+            if self._at_once(rec, MAX_BASE_RUNS, Say.AGAINST_BASE):
+                continue
             self.cache.emit(
                 EventKind.MORE_SAMPLES,
                 say(Say.AGAINST_BASE, index=rec.index, rate=rate, base=base_rate),
@@ -196,6 +222,25 @@ BASE_RUNS = 8
 # that strikes 1 run in 5 crashes 4 in a row once in 625 tries.
 GOOD_TRIES = 4
 MAX_BASE_RUNS = 12
+
+
+# What runs at once are for, by the reason the same run alone would be said with.
+AT_ONCE_WHY = {
+    Say.CRASH_ESTIMATE: "to estimate its crash rate",
+    Say.LOOK_FOR_CRASH: "looking for an intermittent crash",
+    Say.CLEAN_RUN: "to clear it of the bad state's crash",
+    Say.CULPRIT_RATE: "for the culprit's crash rate",
+    Say.BASE_RATE: "for the good state's own crash rate",
+    Say.AGAINST_BASE: "to tell its crash rate from the good state's",
+}
+
+
+def _estimate_runs(bad: Record) -> int:
+    """The runs the bad endpoint's estimate goes to, as far as its runs so far tell
+    (``CrashRate.estimated``): a steady crash needs ``ESTIMATE_CRASHES`` runs in all."""
+    if bad.crashes == bad.runs:
+        return max(ESTIMATE_CRASHES, bad.runs + 1)
+    return ESTIMATE_MIN_RUNS if bad.runs < ESTIMATE_MIN_RUNS else ESTIMATE_RUNS
 
 
 def _forgive(rec: Record) -> None:

@@ -26,7 +26,7 @@ class Say(str, Enum):
     CRASH_REGIME = "crash-regime"
     LOOK_FOR_CRASH = "look-for-crash"
     CULPRIT_RATE = "culprit-rate"
-    CULPRIT_RATE_AT_ONCE = "culprit-rate-at-once"
+    RUNS_AT_ONCE = "runs-at-once"
     BASE_RATE = "base-rate"
     GOOD_RETRY = "good-retry"
     CRASH_BASELINE = "crash-baseline"
@@ -206,9 +206,9 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     Say.CULPRIT_RATE: lambda index, rate, of: (
         f"trial {index}: the culprit's own state {rate.describe()}; runs to {of} for its crash rate"
     ),
-    Say.CULPRIT_RATE_AT_ONCE: lambda index, rate, runs: (
-        f"trial {index}: the culprit's own state {rate.describe()}; {runs} more runs at once "
-        "for its crash rate (--rate-runs-at-once; their figures are not used)"
+    Say.RUNS_AT_ONCE: lambda index, rate, runs, why: (
+        f"trial {index}: {rate.describe()}; {runs} more runs at once {why} "
+        "(--rate-runs-at-once; only whether each crashed counts)"
     ),
     Say.CLEAN_RUN: lambda index, runs, of, rate: (
         f"trial {index}: clean run {runs} of {of} needed (the bad state {rate.describe()})"
