@@ -79,7 +79,9 @@ def _world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path,
     return script, good, _snapshot(tmp_path, "bad")
 
 
-def _run(tmp_path: Path, script: Path, good: Path, bad: Path, *extra: str) -> dict[str, Any]:
+def _run(
+    tmp_path: Path, script: Path, good: Path, bad: Path, *extra: str
+) -> tuple[dict[str, Any], str]:
     out = tmp_path / "r.json"
     argv = [
         "run", "--config", str(tmp_path / "envbisect.yaml"), "--python", sys.executable,
@@ -90,14 +92,16 @@ def _run(tmp_path: Path, script: Path, good: Path, bad: Path, *extra: str) -> di
     res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
     assert res.return_value == 0, res.output
     assert "more runs at once for the culprit's crash rate" in res.stderr
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()), res.stderr
 
 
 def test_the_rate_runs_go_at_once_each_on_its_own_cold_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script, good, bad = _world(tmp_path, monkeypatch)
-    doc = _run(tmp_path, script, good, bad, "--rate-runs-at-once", "3")
+    doc, said = _run(tmp_path, script, good, bad, "--rate-runs-at-once", "3")
+    # The bad endpoint's estimate goes at once too.
+    assert "crashed 1 of 1; 2 more runs at once to estimate its crash rate" in said
     (culprit,) = doc["culprits"]
     assert culprit["unit"] == "caches:inductor"
     assert culprit["crash"].startswith("crashed 5 of 5"), culprit["crash"]
