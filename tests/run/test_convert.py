@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from envbisect.run.convert import unfaithful_good
+from envbisect.model.failure import Failure
+from envbisect.run.convert import crash_finding, culprit_crash, unfaithful_good
 from envbisect.run.result import RunOutcome
-from envbisect.search import Outcome, SearchResult, State, search
+from envbisect.search import Evidence, Outcome, SearchResult, State, Trial, search
+from envbisect.search.verdict import Verdict
 
 BLOCKED = {"files:/w/knob.txt": "files /w/knob.txt: no stored content"}
 
@@ -51,3 +53,25 @@ def test_a_clearly_fast_good_endpoint_keeps_the_engines_answer(blocked: dict[str
         RunOutcome(result.outcome.value), result.message, result, blocked, callers_threshold=True
     )
     assert outcome is RunOutcome.NOT_REPRODUCED
+
+
+def _trial(index: int, applied: tuple[str, ...], runs: int, crashes: int) -> Trial:
+    failure = Failure.of("crash: exit 1: RuntimeError: deadlock") if crashes else None
+    samples = () if crashes == runs else (1000.0,)
+    return Trial(
+        index, State.of(applied), samples, None, Verdict.BAD if crashes else Verdict.GOOD,
+        failure=failure, runs=runs, crashes=crashes,
+    )  # fmt: skip
+
+
+def test_a_narrowed_commits_crash_line_says_the_units_rate_not_its_one_run() -> None:
+    # Seen on CPU with a user's repo whose second commit deadlocks: the culprit line said
+    # "crashed 1 of 1", the commit's trial, where the repo's change had crashed 5 of 5.
+    good = _trial(1, (), 4, 0)
+    alone = Evidence.of(good, _trial(3, ("git:/w/repo",), 5, 5))
+    commit = Evidence.of(_trial(6, (), 1, 0), _trial(7, ("git:/w/repo",), 1, 1))
+    line = culprit_crash(alone, commit)
+    assert line is not None
+    assert line.startswith("crashed 5 of 5 (good: 0 of 4): exit 1: RuntimeError: deadlock")
+    assert line.endswith("; the commit's own trial crashed 1 of 1")
+    assert culprit_crash(alone, alone) == crash_finding(good, alone.bad)

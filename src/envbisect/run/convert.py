@@ -27,7 +27,7 @@ from envbisect.run.result import (
     trial_number,
 )
 from envbisect.run.triallog import read_timing
-from envbisect.search import SearchResult, State, Trial
+from envbisect.search import Evidence, SearchResult, State, Trial
 from envbisect.search.crashrate import CrashRate
 from envbisect.search.verdict import Noise, median
 
@@ -265,11 +265,21 @@ def _culprits(
                     details=_details(units[unit_id], commit, context),
                     good_trial=trial_number(evidence.good, numbers),
                     bad_trial=trial_number(evidence.bad, numbers),
-                    crash=crash_finding(evidence.good, evidence.bad),
+                    crash=culprit_crash(found.alone, evidence),
                     hidden=found.hidden_by is not None,
                 )
             )
     return tuple(culprits), tuple(notes)
+
+
+def culprit_crash(alone: Evidence, evidence: Evidence) -> str | None:
+    """The crash finding of a culprit told by ``evidence`` (a commit's pair when a repo was
+    narrowed): a commit's trial ran once or twice, the unit's own state to its rate, so the
+    line says the unit's rate and what the commit's trial showed."""
+    if evidence is alone or not alone.bad.crashes or alone.bad.runs <= evidence.bad.runs:
+        return crash_finding(evidence.good, evidence.bad)
+    at = f"; the commit's own trial {evidence.bad.crash_rate.describe()}"
+    return f"{crash_finding(alone.good, alone.bad)}{at}"
 
 
 def crash_finding(good: Trial, bad: Trial) -> str | None:
