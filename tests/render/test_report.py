@@ -15,7 +15,13 @@ from click.testing import CliRunner
 from envbisect.cli import cli
 from envbisect.diff import diff_manifests
 from envbisect.model import manifest as mf
-from envbisect.render.report import as_json, explain_trial, render_markdown, trial_table
+from envbisect.render.report import (
+    as_json,
+    culprit_sentence,
+    explain_trial,
+    render_markdown,
+    trial_table,
+)
 from envbisect.run.launch import SmokeCommand
 from envbisect.run.result import Culprit, RunResult, TrialRow
 from tests.helpers_run import Scenario, build_wheel, freeze, make_venv, pkg
@@ -219,3 +225,13 @@ def test_the_next_command_run_by_a_shell_makes_the_culprit_state(
         assert proc.returncode == 0, proc.stderr
         assert "tok/s" in proc.stdout
         assert freeze(sc.target).split() == ["ebonly==1.0", "ebwork==3.0"], state
+
+
+def test_a_culprit_without_a_figure_of_its_own_says_its_slowdown_with_the_rest() -> None:
+    unit = _result(Path("/nonexistent")).culprits[0].unit
+    c = Culprit(unit, with_rest=(57_500.0, 5_600.0), crash="crashed 3 of 5 (good: 0 of 1): X")
+    line = culprit_sentence(c, None, None)
+    assert line.endswith(
+        "— 57.5 → 5.6 Ktok/s with the rest of the change — crashed 3 of 5 (good: 0 of 1): X"
+    ), line
+    assert "with the rest" not in culprit_sentence(c, 60_000.0, 6_000.0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from envbisect.model.failure import Failure
-from envbisect.run.convert import crash_finding, culprit_crash, unfaithful_good
+from envbisect.run.convert import _with_rest, crash_finding, culprit_crash, unfaithful_good
 from envbisect.run.result import RunOutcome
-from envbisect.search import Evidence, Outcome, SearchResult, State, Trial, search
+from envbisect.search import Evidence, Isolation, Outcome, SearchResult, State, Trial, search
 from envbisect.search.verdict import Verdict
 
 BLOCKED = {"files:/w/knob.txt": "files /w/knob.txt: no stored content"}
@@ -75,3 +75,22 @@ def test_a_narrowed_commits_crash_line_says_the_units_rate_not_its_one_run() -> 
     assert line.startswith("crashed 5 of 5 (good: 0 of 4): exit 1: RuntimeError: deadlock")
     assert line.endswith("; the commit's own trial crashed 1 of 1")
     assert culprit_crash(alone, alone) == crash_finding(good, alone.bad)
+
+
+def test_a_culprit_whose_runs_alone_all_crashed_shows_its_slowdown_with_the_rest() -> None:
+    # The H100's grown data: its two runs alone crashed and the rate runs at once keep no
+    # figure, so its line had no Ktok/s; everything but it ran 57.5, everything 5.6 Ktok/s.
+    def trial(index: int, applied: tuple[str, ...], rate: float | None) -> Trial:
+        crashed = rate is None
+        failure = Failure.of("crash: exit 1: RuntimeError: FX") if crashed else None
+        samples = () if crashed else (rate,)
+        verdict = Verdict.BAD if crashed or rate < 10_000 else Verdict.GOOD
+        return Trial(index, State.of(applied), samples, rate, verdict, failure=failure, runs=1)
+
+    good, data = trial(1, (), 54_800.0), trial(5, ("data",), None)
+    rest = Evidence.of(trial(6, ("patch",), 57_500.0), trial(2, ("data", "patch"), 5_600.0))
+    found = Isolation(("data",), Evidence.of(good, data), without=rest)
+    assert _with_rest(found, found.alone) == (57_500.0, 5_600.0)
+    ran = Isolation(("data",), Evidence.of(good, trial(5, ("data",), 6_000.0)), without=rest)
+    assert _with_rest(ran, ran.alone) is None  # its own figure is the one shown
+    assert _with_rest(Isolation(("data",), found.alone), found.alone) is None

@@ -155,6 +155,9 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
     effect = ""
     if good is not None and bad is not None:
         effect = f" — {format_ktok(good)} → {format_ktok(bad)} Ktok/s"
+    elif culprit.with_rest is not None:
+        g, b = culprit.with_rest
+        effect = f" — {format_ktok(g)} → {format_ktok(b)} Ktok/s with the rest of the change"
     if culprit.crash:
         effect += f" — {culprit.crash}"
     if culprit.hidden:
@@ -387,6 +390,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
                 "why": list(c.why),
                 "crash": c.crash,
                 "hidden": c.hidden,
+                "with_rest_tok_per_s": list(c.with_rest) if c.with_rest else None,
                 "evidence": {"good_trial": c.good_trial, "bad_trial": c.bad_trial},
                 "hunk": c.hunk.as_dict() if c.hunk is not None else None,
                 "within": c.within.as_dict() if c.within is not None else None,

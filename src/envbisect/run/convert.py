@@ -27,7 +27,7 @@ from envbisect.run.result import (
     trial_number,
 )
 from envbisect.run.triallog import read_timing
-from envbisect.search import Evidence, SearchResult, State, Trial
+from envbisect.search import Evidence, Isolation, SearchResult, State, Trial
 from envbisect.search.crashrate import CrashRate
 from envbisect.search.verdict import Noise, median
 
@@ -267,9 +267,20 @@ def _culprits(
                     bad_trial=trial_number(evidence.bad, numbers),
                     crash=culprit_crash(found.alone, evidence),
                     hidden=found.hidden_by is not None,
+                    with_rest=_with_rest(found, evidence),
                 )
             )
     return tuple(culprits), tuple(notes)
+
+
+def _with_rest(found: Isolation, evidence: Evidence) -> tuple[float, float] | None:
+    """Everything but the culprit → everything, when its own state has no figure (the field's
+    grown data crashed in its runs alone; its slowdown showed with the rest of the drift)."""
+    rest = found.without
+    if evidence.bad.median is not None or rest is None:
+        return None
+    good, bad = rest.good.median, rest.bad.median
+    return (good, bad) if good is not None and bad is not None and bad < good else None
 
 
 def culprit_crash(alone: Evidence, evidence: Evidence) -> str | None:

@@ -187,6 +187,9 @@ class Culprit:
     # A cause the bad state hides: bad alone on top of good, while the bad state's other
     # changes mask it (``search.masked``; the field's empty cache under the field's patch).
     hidden: bool = False
+    # Its own state has no figure (every run alone crashed): the confirmation's, everything
+    # but it (good) → everything (bad), shows what it costs where it ran.
+    with_rest: tuple[float, float] | None = None
 
     def changes(self) -> list[dict[str, Any]]:
         out = []
