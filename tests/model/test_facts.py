@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.model.facts import describe, explain, flex_mode, from_drafter
-from envbisect.render.report import why_lines
+from envbisect.render.culprit import why_lines
 from envbisect.run import probed
 from envbisect.run.result import Culprit, RunResult
 

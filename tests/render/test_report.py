@@ -15,13 +15,8 @@ from click.testing import CliRunner
 from envbisect.cli import cli
 from envbisect.diff import diff_manifests
 from envbisect.model import manifest as mf
-from envbisect.render.report import (
-    as_json,
-    culprit_sentence,
-    explain_trial,
-    render_markdown,
-    trial_table,
-)
+from envbisect.render.culprit import culprit_sentence
+from envbisect.render.report import as_json, explain_trial, render_markdown, trial_table
 from envbisect.run.launch import SmokeCommand
 from envbisect.run.result import Culprit, RunResult, TrialRow
 from tests.helpers_run import Scenario, build_wheel, freeze, make_venv, pkg

@@ -9,7 +9,7 @@ from typing import Any
 
 from envbisect.model.history import UNCOMMITTED, FileVersion, HunkCulprit
 from envbisect.model.hunks import split
-from envbisect.render.report import hunk_section, hunk_sentence
+from envbisect.render.culprit import hunk_section, hunk_sentence
 from envbisect.search import Outcome, State, search
 from envbisect.search.hunkrun import PURPOSE, HunkSettings, find_hunk
 from envbisect.search.verdict import Verdict
