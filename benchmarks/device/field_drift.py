@@ -173,6 +173,7 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
                 "unit": c["unit"],
                 "crash": c.get("crash"),
                 "hidden": c.get("hidden"),
+                "with_rest": c.get("with_rest_tok_per_s"),
                 "why": c.get("why", [])[:4],
             }  # fmt: skip
             for c in doc.get("culprits", [])
