@@ -24,7 +24,7 @@ from envbisect.commands import (
     smoke,
     snapshot,
 )
-from envbisect.model.errors import EnvBisectError
+from envbisect.model.errors import CommandFailed, EnvBisectError
 
 EPILOG = """\
 \b
@@ -71,12 +71,20 @@ def printable(value: object) -> str:
     return escaped(value)
 
 
+def error_text(exc: EnvBisectError) -> str:
+    """The error on one escaped line; a command that failed (``CommandFailed``) keeps the
+    lines of how it was run (argv, cwd, interpreter, exit, logs), each escaped on its own."""
+    if isinstance(exc, CommandFailed):
+        return "\n".join(printable(line) for line in str(exc).split("\n"))
+    return printable(exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, map EnvBisectError to one line and its exit code."""
     try:
         code = cli.main(args=argv, prog_name="envbisect", standalone_mode=False)
     except EnvBisectError as exc:
-        click.echo(f"envbisect: error: {printable(exc)}", err=True)
+        click.echo(f"envbisect: error: {error_text(exc)}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("envbisect: interrupted", err=True)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
-from envbisect.cli import cli
+from envbisect.cli import cli, main
 from envbisect.model.errors import CommandFailed
 from envbisect.model.failure import Failure
 from envbisect.run import cmdcheck
@@ -98,3 +99,24 @@ def test_a_command_failing_alike_in_every_run_of_both_endpoints_stops_the_run(
     assert "fails the same way in both endpoints: RuntimeError: CUDA error" in str(res.exception)
     good_dir = tmp_path / "session" / "trials" / "001"
     assert len(list(good_dir.glob("run-*.stderr"))) == GOOD_TRIES  # a race would have shown
+
+
+def test_how_a_failing_command_was_run_is_told_on_lines_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Tried as a user (no --metric-regex for a script that prints one line): the error came
+    # as one line with literal "\n  argv: ... \n  cwd: ..." in it.
+    sc, script = env_scenario(tmp_path, "print('throughput: 8000 tok/s')\n", {"A1": "y"})
+    argv = [
+        "run", "--config", str(sc.config), "--python", sc.python, "--good", str(sc.good),
+        "--bad", str(sc.bad), "--session", str(tmp_path / "s"), "--", "python", str(script),
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "envbisect: error: the smoke command gives no throughput in the good state" in err
+    assert "\\n" not in err
+    lines = err.splitlines()
+    assert any(line.startswith("  argv: ") for line in lines), err
+    assert any(line.startswith("  logs: ") for line in lines), err
