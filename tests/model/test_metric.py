@@ -156,3 +156,14 @@ def test_a_non_finite_regex_match_is_a_crash_too() -> None:
         stdout=b"step 9: 1e999 tok/s\n", stderr=b"", returncode=0, timed_out=False, spec=spec
     )
     assert m.tok_per_s is None and m.failure == "crash: non-finite throughput (inf tok/s)"
+
+
+def test_a_long_sample_list_shows_its_first_its_last_and_the_count() -> None:
+    # A threaded user script's step windows: 133 samples made the trial line and the table
+    # row hundreds of columns wide (seen on CPU, a user's own three-thread trainer).
+    from envbisect.model.metric import ktok_list
+
+    samples = [1000.0 * (i + 1) for i in range(133)]
+    assert ktok_list(samples) == "1.0, 2.0, 3.0, 4.0, 5.0, 6.0, …, 133.0 (133 samples)"
+    assert ktok_list([12600.0, 12400.0], [False, True]) == "12.6, 12.4*"
+    assert ktok_list([], sep=" ") == "-"

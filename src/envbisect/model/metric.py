@@ -25,6 +25,7 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,19 @@ def format_ktok(value: float | None) -> str:
         return "-"
     k = value / 1000
     return f"{k:.1f}" if abs(k) >= 1 else f"{k:.3g}"
+
+
+def ktok_list(
+    samples: Sequence[float], flags: Sequence[bool] = (), *, sep: str = ", ", most: int = 8
+) -> str:
+    """``12.6, 12.4*`` (``*``: a flagged sample); past ``most`` samples the first ones, the
+    last and the count (``12.6, 12.4, …, 12.5 (133 samples)``: a threaded script's step
+    windows number in the hundreds; ``--json`` keeps them all); ``-`` for none."""
+    marks = [*flags, *[False] * len(samples)]
+    parts = [format_ktok(s) + ("*" if m else "") for s, m in zip(samples, marks, strict=False)]
+    if len(parts) > most:
+        return sep.join([*parts[: most - 2], "…", parts[-1]]) + f" ({len(parts)} samples)"
+    return sep.join(parts) or "-"
 
 
 def from_result(result: dict[str, Any], source: str) -> Measurement:

@@ -17,7 +17,7 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.model.escape import printable
-from envbisect.model.metric import Threshold, format_ktok, format_tok
+from envbisect.model.metric import Threshold, format_ktok, format_tok, ktok_list
 from envbisect.model.session import Session
 from envbisect.model.steps import describe_timing
 from envbisect.render import kernels
@@ -50,7 +50,7 @@ def result_start_line(result: RunResult) -> str:
 
 
 def _samples(samples: Sequence[float]) -> str:
-    return " ".join(format_ktok(s) for s in samples) or "-"
+    return ktok_list(samples, sep=" ")
 
 
 WIDTH = 60  # an applied list longer than this turns the table into numbers + a legend

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from envbisect.model.events import TrialRecord
 from envbisect.model.failure import CRASH_KINDS, Failure, FailureKind
 from envbisect.model.kernels import ProfileRequest
-from envbisect.model.metric import Measurement, format_ktok
+from envbisect.model.metric import Measurement, ktok_list
 from envbisect.model.session import Session, state_key
 from envbisect.model.steps import describe_timing
 from envbisect.realize.actuate import Actuator, Realized
@@ -387,13 +387,7 @@ class TrialRunner:
         with self._lock:
             self.session.append(rec)
             self.records.append(rec)
-        shown = ", ".join(
-            format_ktok(s) + ("*" if busy else "")
-            for s, busy in zip(
-                work.samples, work.contended + [False] * len(work.samples), strict=False
-            )
-        )
-        shown = shown or "-"
+        shown = ktok_list(work.samples, work.contended)
         tail = f"; {work.failure}" if work.failure else ""
         if any(work.contended):
             tail += "; * other processes loaded the machine"
