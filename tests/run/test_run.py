@@ -294,6 +294,8 @@ def test_interrupt_mid_trial_restores_everything_then_resume_finishes(
     assert sc.fingerprint() == before
     log = CliRunner().invoke(cli, ["log", "--session", str(tmp_path / "session")])
     assert log.exit_code == 0 and "unfinished: continue with 'envbisect run --resume'" in log.output
+    named = CliRunner().invoke(cli, ["log", str(tmp_path / "session")])  # as users type it
+    assert named.exit_code == 0 and named.output == log.output
     resumed = _spawn(sc, "--resume")
     assert resumed.wait(timeout=300) == 0, (tmp_path / "run.err").read_text()
     doc = json.loads((tmp_path / "result.json").read_text())
