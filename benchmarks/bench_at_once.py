@@ -7,12 +7,12 @@ second commit, the bad one the head with the edit. ``run --hang-after 8`` ends e
 with its stacks; the bad endpoint's crash-rate estimate, the good state's clean runs and the
 culprit's rate runs cost one process each, one after the other, or several at once.
 
-    python benchmarks/bench_at_once.py setup DIR       # the repo and both manifests
-    python benchmarks/bench_at_once.py run DIR [--at-once K]
+    python benchmarks/bench_at_once.py [--pairs 3] [--at-once 3] [--root DIR]
 
-``run`` starts a fresh session, runs ``envbisect run`` from inside the repo with relative
-paths, and exits 1 unless the culprit is the deadlocking commit. Time the two ways paired
-(A B A B ...), e.g. with ``/usr/bin/time`` in a loop, and quote the median ratio; results in
+sets the world up (under a temporary DIR, removed after), then runs ``envbisect run`` from
+inside the repo with relative paths, with ``--rate-runs-at-once K`` and with 1 in turn
+(A B A B ...), each in a fresh session, and prints each pair's walls, the median ratio and
+whether every run named the deadlocking commit (exit 1 if one did not). Results in
 ``benchmarks/RESULTS.md``.
 """
 
@@ -22,8 +22,11 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 TRAIN = '''\
@@ -139,7 +142,8 @@ def setup(root: Path) -> None:
     print(f"set up {root}: good {good[:12]}, bad main + an uncommitted edit")
 
 
-def run(root: Path, at_once: int) -> int:
+def run(root: Path, at_once: int) -> tuple[float, bool]:
+    """One ``envbisect run`` in a fresh session: its wall and whether it named the commit."""
     session = root / f"session-{at_once}"
     shutil.rmtree(session, ignore_errors=True)
     argv = [
@@ -148,28 +152,42 @@ def run(root: Path, at_once: int) -> int:
         "--hang-after", "8", "--rate-runs-at-once", str(at_once), "--session", str(session),
         "--json", str(session) + ".json", "--metric-regex", REGEX, "--", "python", "train.py",
     ]  # fmt: skip
+    start = time.monotonic()
     res = _envbisect(*argv, cwd=root / "trainer")
+    wall = time.monotonic() - start
     doc = json.loads(Path(str(session) + ".json").read_text()) if res.returncode == 0 else {}
     commits = [c.get("commit") or "" for c in doc.get("culprits", [])]
-    counted = _git(root / "trainer", "rev-parse", "main~1")
-    processes = sum(t.get("runs") or 0 for t in doc.get("trials", []))
-    right = commits == [counted]
-    print(json.dumps({"at_once": at_once, "exit": res.returncode, "right": right,
-                      "processes": processes}))  # fmt: skip
     shutil.rmtree(session, ignore_errors=True)
-    return 0 if right else 1
+    return wall, commits == [_git(root / "trainer", "rev-parse", "main~1")]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["setup", "run"])
-    ap.add_argument("root", type=Path)
-    ap.add_argument("--at-once", type=int, default=1)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--at-once", type=int, default=3)
+    ap.add_argument("--root", type=Path, help="where to build the world (default: a temp dir)")
     ns = ap.parse_args()
-    if ns.what == "setup":
-        setup(ns.root.resolve())
-        return 0
-    return run(ns.root.resolve(), ns.at_once)
+    root = (ns.root or Path(tempfile.mkdtemp(prefix="envbisect-bench-at-once-"))).resolve()
+    try:
+        setup(root)
+        rows, right = [], True
+        for i in range(ns.pairs):
+            a, ok_a = run(root, ns.at_once)
+            b, ok_b = run(root, 1)
+            right = right and ok_a and ok_b
+            rows.append((a, b))
+            print(f"pair {i + 1}: at once {a:.1f} s, one after another {b:.1f} s, {a / b:.3f}")
+        ratio = statistics.median(a / b for a, b in rows)
+        print("\n| runs at once | wall median | one after another | ratio (median of pairs) |")
+        print("|---|---|---|---|")
+        a_med = statistics.median(a for a, _ in rows)
+        b_med = statistics.median(b for _, b in rows)
+        print(f"| {ns.at_once} | {a_med:.1f} s | {b_med:.1f} s | {ratio:.3f} |")
+        print(f"every run named the deadlocking commit: {right}")
+        return 0 if right else 1
+    finally:
+        if ns.root is None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ BENCHES: dict[str, list[str]] = {
     "run": ["--runs", "5"],
     "run_remote": ["--runs", "5"],
     "smoke": ["--runs", "5"],
+    "at_once": ["--pairs", "1"],
 }
 
 
