@@ -209,7 +209,7 @@ def main() -> int:
         "--rate-at-once", type=int, default=4, help="run's --rate-runs-at-once (1 with workers)"
     )
     ap.add_argument(
-        "--hang-after", type=float, default=60, help="run's --hang-after (the own script hangs)"
+        "--hang-after", type=float, default=30, help="run's --hang-after (the own script hangs)"
     )
     ap.add_argument("--budget", type=float, default=540, help="no new repeat after this")
     ns = ap.parse_args()
