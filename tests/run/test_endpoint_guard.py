@@ -66,6 +66,18 @@ def test_a_crash_and_a_timeout_are_not_the_same_failure() -> None:
     assert cmdcheck.same_failure(crash, _facts(WARNING, crash.failure))
 
 
+def test_a_hang_is_told_by_how_it_ended_not_by_its_stacks_first_line() -> None:
+    # The H100, own script, fifth session: both endpoints hung (a deadlock of threads
+    # compiling at once) and the run said "fails the same way in both endpoints: Thread
+    # 0x00007fa524ccf6c0 (most recent call first):", the first line of the stacks.
+    stacks = 'Thread 0x00007fa524ccf6c0 (most recent call first):\n  File "t.py", line 3 in f\n'
+    hung = Failure.timeout("(hung: no CPU time used in its last 30s; --hang-after)")
+    run = _facts(WARNING + stacks, hung)
+    assert run.line == str(hung)
+    said = cmdcheck.message("good", run, both=True)
+    assert said.startswith(f"the smoke command fails the same way in both endpoints: {hung}")
+
+
 def test_a_good_state_that_crashed_once_and_a_hanging_bad_state_are_bisected(
     tmp_path: Path,
 ) -> None:

@@ -49,7 +49,11 @@ class RunFacts:
 
     @property
     def line(self) -> str:
-        """The command's own first error line (else how it ended)."""
+        """The command's own first error line (else how it ended); for a run ended by a
+        timeout or as hung, how it ended: its stderr then ends with every thread's stack,
+        whose first line ("Thread 0x7fa5… (most recent call first):") tells nothing."""
+        if self.failure.kind is FailureKind.TIMEOUT:
+            return str(self.failure)
         return first_error_line(self.stderr, self.stdout) or str(self.failure)
 
 
