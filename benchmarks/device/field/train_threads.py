@@ -3,7 +3,13 @@ each train their own attention block, flex attention compiled, a block mask buil
 batch with ``create_block_mask(..., _compile=True)`` (the field's data-loader pattern), the
 sequence lengths read from the dataset. Prints ``throughput: X tok/s`` once, at the end.
 
-    python3 train_threads.py --data data/prompts.jsonl [--threads 3] [--steps 8]
+    python3 train_threads.py --data data/prompts.jsonl [--threads 3] [--steps 8] [--warmup-main]
+
+``--warmup-main``: one training step in the main thread, on the dataset's first length,
+before the threads start, so that they find forward and backward compiled. Without it the
+threads compile at once, and on the H100 (torch 2.11) that deadlocked even with a warm
+cache: a thread tracing flex attention's backward waits on the autograd engine, whose
+device thread compiles another thread's backward and waits on Dynamo's compile lock.
 """
 
 from __future__ import annotations
@@ -37,6 +43,19 @@ class Block(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, s, d))
 
 
+def train_step(model: Block, opt: torch.optim.Optimizer, attend, s: int, dtype) -> None:
+    """One step at sequence length ``s``: its block mask built, forward, backward, update."""
+    dev = model.qkv.weight.device
+    mask = create_block_mask(causal, 1, 1, s, s, device=dev, _compile=True)
+    x = torch.randn(1, s, model.qkv.in_features, device=dev, dtype=dtype)
+    loss = model(x, mask, attend).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True)
@@ -45,6 +64,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--warmup-main", action="store_true", help="compile in the main thread first")
     a = ap.parse_args()
     with open(a.data, encoding="utf-8") as fh:
         lengths = [int(json.loads(line)["length"]) for line in fh if line.strip()]
@@ -54,24 +74,24 @@ def main() -> int:
     results: list[tuple[int, float]] = []
     errors: list[str] = []
 
+    def step(model: Block, opt: torch.optim.Optimizer, s: int) -> None:
+        train_step(model, opt, attend, s, dtype)
+
+    if a.warmup_main:
+        first = Block(a.dim, a.heads).to(dev, dtype)
+        step(first, torch.optim.AdamW(first.parameters(), lr=1e-4), lengths[0])
+
     def worker(i: int) -> None:
         try:
             torch.manual_seed(i)
             model = Block(a.dim, a.heads).to(dev, dtype)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             tokens, elapsed = 0, 0.0
-            for step in range(a.warmup + a.steps):
-                s = lengths[(i + step * a.threads) % len(lengths)]
+            for i_step in range(a.warmup + a.steps):
+                s = lengths[(i + i_step * a.threads) % len(lengths)]
                 t0 = time.perf_counter()
-                mask = create_block_mask(causal, 1, 1, s, s, device=dev, _compile=True)
-                x = torch.randn(1, s, a.dim, device=dev, dtype=dtype)
-                loss = model(x, mask, attend).float().pow(2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                if step >= a.warmup:
+                step(model, opt, s)
+                if i_step >= a.warmup:
                     tokens += s
                     elapsed += time.perf_counter() - t0
             results.append((tokens, elapsed))
