@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envbisect.model.failure import Failure
-from envbisect.run.convert import _with_rest, crash_finding, culprit_crash, unfaithful_good
+from envbisect.run.convert import crash_finding, culprit_crash, unfaithful_good, with_rest
 from envbisect.run.result import RunOutcome
 from envbisect.search import Evidence, Isolation, Outcome, SearchResult, State, Trial, search
 from envbisect.search.verdict import Verdict
@@ -90,7 +90,7 @@ def test_a_culprit_whose_runs_alone_all_crashed_shows_its_slowdown_with_the_rest
     good, data = trial(1, (), 54_800.0), trial(5, ("data",), None)
     rest = Evidence.of(trial(6, ("patch",), 57_500.0), trial(2, ("data", "patch"), 5_600.0))
     found = Isolation(("data",), Evidence.of(good, data), without=rest)
-    assert _with_rest(found, found.alone) == (57_500.0, 5_600.0)
+    assert with_rest(found, found.alone) == (57_500.0, 5_600.0)
     ran = Isolation(("data",), Evidence.of(good, trial(5, ("data",), 6_000.0)), without=rest)
-    assert _with_rest(ran, ran.alone) is None  # its own figure is the one shown
-    assert _with_rest(Isolation(("data",), found.alone), found.alone) is None
+    assert with_rest(ran, ran.alone) is None  # its own figure is the one shown
+    assert with_rest(Isolation(("data",), found.alone), found.alone) is None

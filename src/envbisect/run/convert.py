@@ -267,13 +267,13 @@ def _culprits(
                     bad_trial=trial_number(evidence.bad, numbers),
                     crash=culprit_crash(found.alone, evidence),
                     hidden=found.hidden_by is not None,
-                    with_rest=_with_rest(found, evidence),
+                    with_rest=with_rest(found, evidence),
                 )
             )
     return tuple(culprits), tuple(notes)
 
 
-def _with_rest(found: Isolation, evidence: Evidence) -> tuple[float, float] | None:
+def with_rest(found: Isolation, evidence: Evidence) -> tuple[float, float] | None:
     """Everything but the culprit → everything, when its own state has no figure (the field's
     grown data crashed in its runs alone; its slowdown showed with the rest of the drift)."""
     rest = found.without
