@@ -9,19 +9,11 @@ one-sided Fisher test at the per-state confidence); otherwise its clean runs jud
 from __future__ import annotations
 
 from envbisect.model.failure import CRASH_KINDS
-from envbisect.search.crashrate import (
-    ESTIMATE_CRASHES,
-    ESTIMATE_MIN_RUNS,
-    ESTIMATE_RUNS,
-    CrashRate,
-    clear_confidence,
-    more_often,
-    runs_to_clear,
-)
+from envbisect.search.crashrate import CrashRate, clear_confidence, more_often, runs_to_clear
 from envbisect.search.result import EventKind
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import OnFailure
-from envbisect.search.wording import Say, say
+from envbisect.search.wording import Reason, Say, say
 
 
 class CrashWatch:
@@ -58,15 +50,9 @@ class CrashWatch:
     def estimate(self, bad: Record) -> None:
         """The bad endpoint crashed: run it until its crash rate is estimated; from then on
         every state that runs clean is run until it would have shown such a rate."""
-        while not CrashRate(bad.crashes, bad.runs).estimated():
-            if self._at_once(bad, _estimate_runs(bad), Say.CRASH_ESTIMATE, alone=1):
-                continue
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(Say.CRASH_ESTIMATE, index=bad.index, rate=CrashRate(bad.crashes, bad.runs)),
-                bad,
-            )
-            self.cache.call(bad, 1)
+        while not (rate := CrashRate(bad.crashes, bad.runs)).estimated():
+            said = say(Say.CRASH_ESTIMATE, index=bad.index, rate=rate)
+            self._more(bad, rate.runs_to_estimate(), said)
         self.rate = CrashRate(bad.crashes, bad.runs)
         confidence = clear_confidence(self.units)
         self.clear_runs = runs_to_clear(self.rate, confidence)
@@ -86,14 +72,8 @@ class CrashWatch:
     def look(self, bad: Record) -> None:
         """A bad endpoint that is not slow: up to ``crash_runs`` runs looking for a crash."""
         while not bad.crashes and not bad.untestable and bad.runs < self.crash_runs:
-            if self._at_once(bad, self.crash_runs, Say.LOOK_FOR_CRASH):
-                continue
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(Say.LOOK_FOR_CRASH, index=bad.index, run=bad.runs + 1, of=self.crash_runs),
-                bad,
-            )
-            self.cache.call(bad, 1)
+            said = say(Say.LOOK_FOR_CRASH, index=bad.index, run=bad.runs + 1, of=self.crash_runs)
+            self._more(bad, self.crash_runs, said)
 
     def clear(self, rec: Record) -> None:
         """Run a state that did not crash until a crash rate like the bad endpoint's would
@@ -104,28 +84,17 @@ class CrashWatch:
         if self.rate is None or rec.untestable or rec.failure:
             return
         while not rec.failure and not rec.crashes and rec.runs < self.clear_runs:
-            if self._at_once(rec, self.clear_runs, Say.CLEAN_RUN):
-                continue
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(
-                    Say.CLEAN_RUN,
-                    index=rec.index,
-                    runs=rec.runs,
-                    of=self.clear_runs,
-                    rate=self.rate,
-                ),
-                rec,
+            said = say(
+                Say.CLEAN_RUN, index=rec.index, runs=rec.runs, of=self.clear_runs, rate=self.rate
             )
-            self.cache.call(rec, 1)
+            self._more(rec, self.clear_runs, said)
 
     def culprit_rate(self, rec: Record) -> None:
         """A culprit's own state crashed: run it until ``rate_runs`` runs, so that its line
-        says a rate ("crashed 5 of 5"), not one crash; at once (``_at_once``) after two runs
+        says a rate ("crashed 5 of 5"), not one crash; at once (``_more``) after two runs
         alone that crashed: the culprit line shows a clean run's figure where one comes."""
         while rec.crashes and not rec.untestable and rec.runs < self.rate_runs:
-            if not self._at_once(rec, self.rate_runs, Say.CULPRIT_RATE, alone=2):
-                self._once_more(rec, Say.CULPRIT_RATE, self.rate_runs)
+            self._once_more(rec, Say.CULPRIT_RATE, self.rate_runs, alone=2)
 
     def retry_good(self, good: Record) -> None:
         """The good state crashed in every run so far (the field's warm cache crashes 2 runs
@@ -136,30 +105,29 @@ class CrashWatch:
         while not good.samples and good.runs < GOOD_TRIES:
             self._once_more(good, Say.GOOD_RETRY, GOOD_TRIES)
 
-    def _at_once(self, rec: Record, of: int, why: Say, *, alone: int = 1) -> bool:
-        """With ``together`` > 1 (``--rate-runs-at-once``): the runs ``rec`` has left toward
-        ``of``, up to ``together`` processes at once (only whether each crashed counts: their
-        figures are not kept). Only once the state has a figure of its own or ``alone`` runs
-        one after the other (a clean run alone gives the figure its line shows); False when
-        the next run goes alone."""
+    def _more(self, rec: Record, of: int, said: Reason, *, alone: int = 1) -> None:
+        """One more run of ``rec`` toward ``of`` runs, said with ``said``; with ``together``
+        > 1 (``--rate-runs-at-once``) and a reason in ``AT_ONCE_WHY``, the runs left instead,
+        up to ``together`` processes at once (only whether each crashed counts: their figures
+        are not kept), once the state has a figure of its own or ``alone`` runs one after
+        the other (a clean run alone gives the figure its line shows)."""
         left = of - rec.runs
-        if self.together < 2 or left < 2 or not (rec.samples or rec.runs >= alone):
-            return False
-        runs = min(left, self.together)
-        rate = CrashRate(rec.crashes, rec.runs)
-        self.cache.emit(
-            EventKind.MORE_SAMPLES,
-            say(Say.RUNS_AT_ONCE, index=rec.index, rate=rate, runs=runs, why=AT_ONCE_WHY[why]),
-            rec,
-        )
-        self.cache.call_rate(rec, runs)
-        return True
-
-    def _once_more(self, rec: Record, why: Say, of: int) -> None:
-        """One more run of ``rec``, said with its crash rate so far and the runs it goes to."""
-        rate = CrashRate(rec.crashes, rec.runs)
-        self.cache.emit(EventKind.MORE_SAMPLES, say(why, index=rec.index, rate=rate, of=of), rec)
+        why = AT_ONCE_WHY.get(said.code)
+        if why and self.together > 1 and left > 1 and (rec.samples or rec.runs >= alone):
+            runs = min(left, self.together)
+            rate = CrashRate(rec.crashes, rec.runs)
+            at_once = say(Say.RUNS_AT_ONCE, index=rec.index, rate=rate, runs=runs, why=why)
+            self.cache.emit(EventKind.MORE_SAMPLES, at_once, rec)
+            self.cache.call_rate(rec, runs)
+            return
+        self.cache.emit(EventKind.MORE_SAMPLES, said, rec)
         self.cache.call(rec, 1)
+
+    def _once_more(self, rec: Record, why: Say, of: int, *, alone: int = 1) -> None:
+        """One more run of ``rec`` (``_more``), said with its crash rate so far and the runs
+        it goes to."""
+        rate = CrashRate(rec.crashes, rec.runs)
+        self._more(rec, of, say(why, index=rec.index, rate=rate, of=of), alone=alone)
 
     def tolerate(self, good: Record, bad: Record) -> None:
         """The good state crashed, but also ran clean: run it to ``BASE_RUNS`` for its rate,
@@ -169,14 +137,8 @@ class CrashWatch:
         if not good.crashes or not good.samples or good.untestable:
             return
         while good.runs < max(BASE_RUNS, self.rate_runs):
-            if self._at_once(good, max(BASE_RUNS, self.rate_runs), Say.BASE_RATE):
-                continue
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(Say.BASE_RATE, index=good.index, rate=CrashRate(good.crashes, good.runs)),
-                good,
-            )
-            self.cache.call(good, 1)
+            said = say(Say.BASE_RATE, index=good.index, rate=CrashRate(good.crashes, good.runs))
+            self._more(good, max(BASE_RUNS, self.rate_runs), said)
         self.base = good
         _forgive(good)
         self.cache.emit(
@@ -205,14 +167,8 @@ class CrashWatch:
             ):
                 _forgive(rec)
                 return
-            if self._at_once(rec, MAX_BASE_RUNS, Say.AGAINST_BASE):
-                continue
-            self.cache.emit(
-                EventKind.MORE_SAMPLES,
-                say(Say.AGAINST_BASE, index=rec.index, rate=rate, base=base_rate),
-                rec,
-            )
-            self.cache.call(rec, 1)
+            said = say(Say.AGAINST_BASE, index=rec.index, rate=rate, base=base_rate)
+            self._more(rec, MAX_BASE_RUNS, said)
 
 
 # Runs of a good state that crashes now and then, for its rate; a state's runs at most while
@@ -224,7 +180,8 @@ GOOD_TRIES = 4
 MAX_BASE_RUNS = 12
 
 
-# What runs at once are for, by the reason the same run alone would be said with.
+# What runs at once are for, by the reason the same run alone would be said with (a run
+# said otherwise, a good state's retry for a figure, always goes alone).
 AT_ONCE_WHY = {
     Say.CRASH_ESTIMATE: "to estimate its crash rate",
     Say.LOOK_FOR_CRASH: "looking for an intermittent crash",
@@ -233,14 +190,6 @@ AT_ONCE_WHY = {
     Say.BASE_RATE: "for the good state's own crash rate",
     Say.AGAINST_BASE: "to tell its crash rate from the good state's",
 }
-
-
-def _estimate_runs(bad: Record) -> int:
-    """The runs the bad endpoint's estimate goes to, as far as its runs so far tell
-    (``CrashRate.estimated``): a steady crash needs ``ESTIMATE_CRASHES`` runs in all."""
-    if bad.crashes == bad.runs:
-        return max(ESTIMATE_CRASHES, bad.runs + 1)
-    return ESTIMATE_MIN_RUNS if bad.runs < ESTIMATE_MIN_RUNS else ESTIMATE_RUNS
 
 
 def _forgive(rec: Record) -> None:

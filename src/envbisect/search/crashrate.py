@@ -69,6 +69,13 @@ class CrashRate:
         enough = self.crashes == self.runs or self.runs >= ESTIMATE_MIN_RUNS
         return self.crashes >= ESTIMATE_CRASHES and enough
 
+    def runs_to_estimate(self) -> int:
+        """The runs ``estimated`` asks for, as far as these runs tell: a steady crash
+        ``ESTIMATE_CRASHES`` in all, else ``ESTIMATE_MIN_RUNS``, then ``ESTIMATE_RUNS``."""
+        if self.crashes == self.runs:
+            return max(ESTIMATE_CRASHES, self.runs + 1)
+        return ESTIMATE_MIN_RUNS if self.runs < ESTIMATE_MIN_RUNS else ESTIMATE_RUNS
+
 
 def clear_confidence(units: int, overall: float = CONFIDENCE) -> float:
     """The per-state confidence that keeps a whole search right with ``overall``: a
