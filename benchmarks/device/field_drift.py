@@ -15,8 +15,8 @@ empty cache) and the grown data (recompiles for the new shapes: slow, and crashi
 then); the patch and the allocator setting innocent.
 
 Usage (repo root, on the GPU machine, envbisect importable, e.g. PYTHONPATH=src):
-    python3 benchmarks/device/field_drift.py OUTDIR [--own] [--repeat N] [--workers K]
-        [--budget S] [--timeout S] [--rate-at-once K] [--hang-after S]
+    python3 benchmarks/device/field_drift.py OUTDIR [--own [--own-style S]] [--repeat N]
+        [--workers K] [--budget S] [--timeout S] [--rate-at-once K] [--hang-after S]
 Writes OUTDIR/<mode>-<i>/{transcript.txt,run.json,report.md} and OUTDIR/<mode>-summary.jsonl;
 ``FIELD_DRIFT_SMOKE='--preset tiny ...'`` swaps the drafter's size (a CPU plumbing check).
 """
@@ -59,14 +59,16 @@ NEW_LENS = tuple(range(768, 2049, 32))
 OWN_REGEX = r"throughput: ([0-9.]+) tok/s"
 
 
-def command(py: str, own: bool, threads: int) -> list[str]:
-    """The training command as the user types it, from the workspace root."""
+def command(py: str, own: str, threads: int) -> list[str]:
+    """The training command as the user types it, from the workspace root; ``own``: the own
+    script's style (its flag), or "" for the built-in drafter."""
     if own:
-        # --warmup-main: compiled once in the main thread before the threads start. Without
-        # it the good state deadlocked 4 runs of 4 on the H100 (threads compiling at once,
-        # warm cache): no user trains like that, so the script does what they would.
+        # Its threads compiling at once deadlocked the good state 4 runs of 4 on the H100
+        # (warm cache; see train_threads.py): no user trains like that. --warmup-main
+        # compiles once in the main thread first; --eager-backward lets the threads compile
+        # at once, each backward compiled with its forward.
         return [py, "repo/train_threads.py", "--data", "data/prompts.jsonl",
-                "--threads", str(threads), "--warmup-main"]  # fmt: skip
+                "--threads", str(threads), f"--{own}"]  # fmt: skip
     return [
         py, "-m", "envbisect.agent.drafter", *RACE, "--drafter-threads", str(threads),
         "--data", "data/prompts.jsonl", "--patch-module", "repo/dflash_model.py",
@@ -82,7 +84,7 @@ def write_data(path: Path, count: int, grown: bool) -> None:
         fh.writelines(json.dumps({"id": i, "length": n}) + "\n" for i, n in enumerate(lengths))
 
 
-def setup(root: Path, py: str, own: bool, workers: int) -> tuple[Path, dict[str, str]]:
+def setup(root: Path, py: str, own: str, workers: int) -> tuple[Path, dict[str, str]]:
     repo = root / "repo"
     shutil.copytree(FIXTURE / "repo", repo)
     shutil.copy(HERE / "field" / "train_threads.py", repo / "train_threads.py")
@@ -142,9 +144,10 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
     py = sys.executable
     eb = [py, "-m", "envbisect"]
     try:
-        cfg, env = setup(root, py, ns.own, ns.workers)
+        own = ns.own_style if ns.own else ""
+        cfg, env = setup(root, py, own, ns.workers)
         tr.say("warming the good state's compile cache: one single-threaded run")
-        warm = command(py, ns.own, 1)
+        warm = command(py, own, 1)
         if not ns.own:
             res = root / "warm.json"
             tr.run(warm, {**env, "ENVBISECT_RESULT": str(res)}, root)
@@ -186,7 +189,8 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
         right = right and any(u.startswith("caches:") for u in units)
         right = right and any(u.startswith("data:") for u in units)
         return {
-            "mode": mode, "index": index, "exit": run.returncode, "wall_s": round(wall, 1),
+            "mode": mode, "style": own or None, "index": index, "exit": run.returncode,
+            "wall_s": round(wall, 1),
             "outcome": doc.get("outcome"), "message": doc.get("message"),
             "culprits": culprits, "right": right, "trials": len(doc.get("trials", [])),
             "processes": sum(t.get("runs") or 0 for t in doc.get("trials", [])),
@@ -204,6 +208,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", type=Path)
     ap.add_argument("--own", action="store_true", help="the user's own threaded script")
+    ap.add_argument(
+        "--own-style", choices=("warmup-main", "eager-backward"), default="warmup-main",
+        help="the own script's way past torch 2.11's compile deadlock (train_threads.py)",
+    )  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1)
     # One: three slots on one card slowed each other (calibration refused 2 of 3, H100).
     ap.add_argument("--workers", type=int, default=1, help="slots on the one GPU (workers:)")

@@ -3,13 +3,18 @@ each train their own attention block, flex attention compiled, a block mask buil
 batch with ``create_block_mask(..., _compile=True)`` (the field's data-loader pattern), the
 sequence lengths read from the dataset. Prints ``throughput: X tok/s`` once, at the end.
 
-    python3 train_threads.py --data data/prompts.jsonl [--threads 3] [--steps 8] [--warmup-main]
+    python3 train_threads.py --data data/prompts.jsonl [--threads 3] [--steps 8]
+        [--warmup-main | --eager-backward]
 
 ``--warmup-main``: one training step in the main thread, on the dataset's first length,
 before the threads start, so that they find forward and backward compiled. Without it the
 threads compile at once, and on the H100 (torch 2.11) that deadlocked even with a warm
 cache: a thread tracing flex attention's backward waits on the autograd engine, whose
 device thread compiles another thread's backward and waits on Dynamo's compile lock.
+
+``--eager-backward``: the threads still compile at once, but each graph's backward is
+compiled with its forward (``torch._functorch.config.force_non_lazy_backward_lowering``),
+so the autograd engine's device thread never compiles, which the deadlock above needs.
 """
 
 from __future__ import annotations
@@ -65,7 +70,12 @@ def main() -> int:
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--warmup-main", action="store_true", help="compile in the main thread first")
+    ap.add_argument("--eager-backward", action="store_true", help="backward compiled with forward")
     a = ap.parse_args()
+    if a.eager_backward:
+        import torch._functorch.config as functorch_config
+
+        functorch_config.force_non_lazy_backward_lowering = True
     with open(a.data, encoding="utf-8") as fh:
         lengths = [int(json.loads(line)["length"]) for line in fh if line.strip()]
     dev = "cuda" if torch.cuda.is_available() else "cpu"

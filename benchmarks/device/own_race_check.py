@@ -1,0 +1,79 @@
+"""On a GPU machine: does the own threaded script (``field/train_threads.py``) race on an empty
+compile cache and train on a warm one? A few processes of each, before a whole drift is spent
+on it.
+
+For each style (the flag that gets the script past torch 2.11's compile deadlock), a warm
+cache is made by one single-threaded run, then ``--runs`` processes of three threads run on an
+empty cache and ``--runs`` on the warm one, each cut after ``--timeout`` seconds (a hang).
+One JSON line per process: style, cache, outcome (ok / crash / hung), wall, the last line.
+
+    python3 benchmarks/device/own_race_check.py OUTFILE [--styles a,b] [--runs 2] [--timeout 45]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "field" / "train_threads.py"
+
+
+def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: float) -> dict:
+    env = {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+    }
+    argv = [py, str(SCRIPT), "--data", str(data), "--threads", str(threads), f"--{style}"]
+    t = time.monotonic()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **env})  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"outcome": "hung", "wall_s": round(time.monotonic() - t, 1), "last": ""}
+    lines = (p.stdout + p.stderr).strip().splitlines() or [""]
+    err = [ln for ln in lines if "Error" in ln]
+    return {
+        "outcome": "ok" if p.returncode == 0 else "crash", "wall_s": round(time.monotonic() - t, 1),
+        "last": (err[-1] if err and p.returncode else lines[-1])[:300],
+    }  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--styles", default="eager-backward")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=45)
+    ns = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="envbisect-own-race-"))
+    data = root / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "length": 1024}) + "\n" for i in range(2000)))
+    try:
+        with ns.out.open("a", encoding="utf-8") as fh:
+            for style in ns.styles.split(","):
+                warm = root / f"warm-{style}"
+                rows = [("warm-maker", one(sys.executable, data, warm, style, 1, 3 * ns.timeout))]
+                for i in range(ns.runs):
+                    cold = root / f"cold-{style}-{i}"
+                    rows.append(("cold", one(sys.executable, data, cold, style, 3, ns.timeout)))
+                    shutil.rmtree(cold, ignore_errors=True)
+                    rows.append(("warm", one(sys.executable, data, warm, style, 3, ns.timeout)))
+                for cache, row in rows:
+                    line = json.dumps({"style": style, "cache": cache, **row})
+                    print(line, flush=True)
+                    fh.write(line + "\n")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
