@@ -58,18 +58,21 @@ def main() -> int:
     data.write_text("".join(json.dumps({"id": i, "length": 1024}) + "\n" for i in range(2000)))
     try:
         with ns.out.open("a", encoding="utf-8") as fh:
+
+            def keep(style: str, cache: str, row: dict) -> None:
+                line = json.dumps({"style": style, "cache": cache, **row})
+                print(line, flush=True)
+                fh.write(line + "\n")
+                fh.flush()
+
             for style in ns.styles.split(","):
                 warm = root / f"warm-{style}"
-                rows = [("warm-maker", one(sys.executable, data, warm, style, 1, 3 * ns.timeout))]
+                keep(style, "warm-maker", one(sys.executable, data, warm, style, 1, 3 * ns.timeout))
                 for i in range(ns.runs):
                     cold = root / f"cold-{style}-{i}"
-                    rows.append(("cold", one(sys.executable, data, cold, style, 3, ns.timeout)))
+                    keep(style, "cold", one(sys.executable, data, cold, style, 3, ns.timeout))
                     shutil.rmtree(cold, ignore_errors=True)
-                    rows.append(("warm", one(sys.executable, data, warm, style, 3, ns.timeout)))
-                for cache, row in rows:
-                    line = json.dumps({"style": style, "cache": cache, **row})
-                    print(line, flush=True)
-                    fh.write(line + "\n")
+                    keep(style, "warm", one(sys.executable, data, warm, style, 3, ns.timeout))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
