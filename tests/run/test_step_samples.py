@@ -23,7 +23,13 @@ FINAL = r"throughput: ([0-9.]+) tok/s"
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, *args: str, samples: int = 3, step_fn: str | None = None) -> RunLog:
+def _run(
+    tmp_path: Path,
+    *args: str,
+    samples: int = 3,
+    step_fn: str | None = None,
+    script: Path = SCRIPT,
+) -> RunLog:
     logs: list[RunLog] = []
     spec = RunSpec(
         transport=Transport(),
@@ -35,7 +41,7 @@ def _run(tmp_path: Path, *args: str, samples: int = 3, step_fn: str | None = Non
         name="run-1",
         samples=samples,
     )
-    smoke = SmokeCommand((sys.executable, str(SCRIPT), *args), MetricSpec.parse(FINAL))
+    smoke = SmokeCommand((sys.executable, str(script), *args), MetricSpec.parse(FINAL))
     if step_fn is not None:
         smoke = SmokeCommand(smoke.argv, smoke.metric, step_fn=step_fn)
     run_once(smoke, spec, record=logs.append)
@@ -147,3 +153,24 @@ def test_steps_that_compiled_leave_the_figure_the_one_sample(tmp_path: Path) -> 
     assert set(used["compiled_steps"]) <= {7, 8, 9}  # the steps that met a new length
     assert "torch compiled during timed step(s)" in used["text"]
     assert m.result["compiled_in_windows"]["compile_s"] > 0
+
+
+@pytest.mark.parametrize("step_fn", [None, "__main__:train_step"])
+def test_a_threaded_script_warmed_up_in_its_main_thread_times_one_threads_steps(
+    tmp_path: Path, step_fn: str | None
+) -> None:
+    """The H100's own threaded trainer: one optimizer stepped once in the main thread to
+    warm up, then three threads with an optimizer each. The first optimizer to step was the
+    warm-up's: one step seen, the figure alone as the sample (a trial needed 3 processes),
+    and the threads' training counted as time after the last step."""
+    log = _run(tmp_path, "9", step_fn=step_fn, script=SCRIPT.with_name("threads_warmup.py"))
+    used = log.as_dict()["samples_from"]
+    # one thread's nine steps (8 timed, 2 left out as warm-up), not the warm-up's one
+    assert used["steps_seen"] == 9 and used["steps_used"] == [4, 9]
+    assert len(log.measurement.samples) == 6
+    said = "optimizers: 4 stepped" if step_fn is None else "threads: 4 returned from it"
+    assert f"(timed apart; {said})" in used["rule"]
+    part = log.as_dict()["breakdown"]
+    # the steps run from the warm-up's end to the last thread's last step: the threads'
+    # training is in them, not after them
+    assert part["steps_s"] > 9 * 0.01 and part["after_s"] < part["steps_s"]

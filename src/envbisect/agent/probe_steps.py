@@ -3,14 +3,17 @@
 
 The rule for a step (documented in the README and ``envbisect.model.steps``):
 
-- by default each ``step()`` of the first optimizer that steps ends a training step (torch's
-  global ``register_optimizer_step_post_hook``; a second optimizer stepping in the same loop
-  does not split the step);
+- by default each ``step()`` of the optimizer that stepped most ends a training step (torch's
+  global ``register_optimizer_step_post_hook``; of optimizers that stepped as often, the
+  first to step): a second optimizer stepping in the same loop does not split the step, an
+  optimizer used once to warm up before training is not the one timed, and a script that
+  trains in threads, an optimizer each, has each thread's steps timed apart (one thread's
+  are the samples), not every thread's ends merged;
 - with ``step_fn`` in the probe's config (``--step-fn MODULE:QUALNAME``), each outermost
-  return of that function ends a step instead: a function of the script itself
-  (``__main__:train_step``, or the script's own name ``train:train_step``) is decorated
-  where it is defined, a function of an imported module (``model:Drafter.forward``) is
-  wrapped once its module is imported.
+  return of that function ends a step instead (in the thread that returned from it most):
+  a function of the script itself (``__main__:train_step``, or the script's own name
+  ``train:train_step``) is decorated where it is defined, a function of an imported module
+  (``model:Drafter.forward``) is wrapped once its module is imported.
 
 A step's time is from the end of the step before to its own end, so the first step (which
 holds the first compile) has none; the host leaves out the first third of the rest as
@@ -33,12 +36,12 @@ from typing import Any
 
 T0 = time.perf_counter()  # the probe's start: offsets below are from here
 MAX_ENDS = 100000  # a long run keeps its first steps' ends (the host uses a few)
+MAX_SOURCES = 64  # optimizers (or threads, for a step function) whose step ends are kept
 STEPS: dict[str, Any] = {
     "rule": None,  # "optimizer" | "function"
     "step_fn": None,  # "module:qualname" asked for
     "found": False,  # the step function was found and wrapped
-    "ends": [],  # perf_counter at each step's end
-    "first": None,  # id of the first optimizer that stepped
+    "ends": {},  # per optimizer id (per thread id for a step function), in first-step order
     "script": None,  # the script's module name (``train`` for train.py)
 }
 COMPILES: list[tuple[float, float]] = []  # (start, end) of each backend compile, from T0
@@ -86,19 +89,22 @@ def compiling(run):
                 COMPILES.append((t0 - T0, time.perf_counter() - T0))
 
 
-def _end():
+def _end(source):
+    """A step of ``source`` (an optimizer's or a thread's id) ended now."""
+    now = time.perf_counter()
     with _LOCK:
-        ends = STEPS["ends"]
+        by_source = STEPS["ends"]
+        ends = by_source.get(source)
+        if ends is None:
+            if len(by_source) >= MAX_SOURCES:
+                return
+            ends = by_source[source] = []
         if len(ends) < MAX_ENDS:
-            ends.append(time.perf_counter())
+            ends.append(now)
 
 
 def _optimizer_stepped(optimizer, args, kwargs):
-    first = STEPS["first"]
-    if first is None:
-        STEPS["first"] = first = id(optimizer)
-    if id(optimizer) == first:
-        _end()
+    _end(id(optimizer))
 
 
 def _hook_optimizer(mod):
@@ -117,7 +123,7 @@ def timed(fn):
         finally:
             _DEPTH.n = depth
             if depth == 0:
-                _end()
+                _end(threading.get_ident())
 
     return step
 
@@ -209,20 +215,26 @@ def note_traced(output_graph):
 def facts():
     """The steps seen and the sources traced, for the probe's facts."""
     with _LOCK:
-        ends = list(STEPS["ends"])
+        sources = [list(e) for e in STEPS["ends"].values()]
         spans = [[round(a, 4), round(b, 4)] for a, b in COMPILES]
         traced = sorted(TRACED)
         code = sorted(TRACED_CODE)
+    # The source that stepped most (the first of a tie: dicts keep the order they stepped
+    # in) gives the timed steps; the span of steps is every source's, first end to last.
+    ends = max(sources, key=len) if sources else []
+    firsts = [e[0] for e in sources if e]
+    lasts = [e[-1] for e in sources if e]
     out = {
         "rule": STEPS["rule"],
         "step_fn": STEPS["step_fn"],
         "found": STEPS["found"] if STEPS["step_fn"] else None,
+        "sources": len(sources),
         "steps": len(ends),
         "intervals_s": [round(ends[i] - ends[i - 1], 6) for i in range(1, len(ends))],
         "ends_s": [round(e - T0, 4) for e in ends[:MAX_SPANS]],
         "compile_spans_s": spans,
-        "first_end_s": round(ends[0] - T0, 4) if ends else None,
-        "last_end_s": round(ends[-1] - T0, 4) if ends else None,
+        "first_end_s": round(min(firsts) - T0, 4) if firsts else None,
+        "last_end_s": round(max(lasts) - T0, 4) if lasts else None,
         "at_exit_s": round(time.perf_counter() - T0, 4),
     }
     return {"steps": out, "traced_sources": traced, "traced_code": [list(c) for c in code]}

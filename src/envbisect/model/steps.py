@@ -2,10 +2,12 @@
 (``envbisect.agent.probe_steps``) turned into a run's samples, and where a run's and a
 trial's time went (start-up, compile, steps, realize).
 
-The rule, as users read it: each ``step()`` of the first optimizer that steps ends a
+The rule, as users read it: each ``step()`` of the optimizer that stepped most ends a
 training step (or, with ``--step-fn MODULE:QUALNAME``, each outermost return of that
-function). A step's time runs from the end of the step before to its own end, so step 1
-(the first compile) has none; of the rest the first third are warm-up and left out, as with
+function, in the thread that returned from it most): one used only to warm up is not it,
+and a script training in threads has one thread's steps timed, not every thread's merged. A
+step's time runs from the end of the step before to its own end, so step 1 (the first
+compile) has none; of the rest the first third are warm-up and left out, as with
 ``--warmup-lines``. When a run's own figure (``--metric-regex``, an ``ENVBISECT_RESULT``)
 gives fewer samples than the trial asked of the process, the kept steps become its samples,
 in that figure's units: the figure is read as the rate over every timed step, so one step's
@@ -32,12 +34,13 @@ class StepSamples:
     """The steps one process timed: the rule, how many, and the kept steps' times."""
 
     rule: str  # "optimizer" | "function MODULE:QUALNAME"
-    steps: int  # step ends seen
+    steps: int  # step ends seen (of the source that stepped most)
     first_kept: int  # 1-based number of the first kept step
     times: tuple[float, ...]  # seconds per kept step
     mean_s: float = 0.0  # mean time of every timed step (2..N): what the figure spans
     compiled: tuple[int, ...] = ()  # kept steps that spent >= HELD of their time compiling
     compile_s: float = 0.0  # the backend compile time inside those steps
+    sources: int = 1  # optimizers (threads, for a step function) whose steps were seen
 
     @classmethod
     def of(cls, facts: Mapping[str, Any] | None) -> StepSamples | None:
@@ -53,6 +56,7 @@ class StepSamples:
         rule = "optimizer" if steps.get("rule") == "optimizer" else f"function {steps['step_fn']}"
         mean = sum(times) / len(times)
         compiled, compile_s = _held_by_compiles(steps, skip)
+        sources = steps.get("sources")
         return cls(
             rule,
             int(steps.get("steps") or 0),
@@ -61,6 +65,7 @@ class StepSamples:
             mean,
             compiled,
             compile_s,
+            sources if isinstance(sources, int) and sources > 0 else 1,
         )
 
     def scaled(self, figure: float) -> tuple[float, ...]:
@@ -72,11 +77,14 @@ class StepSamples:
 
     def used(self, figure: float, source: str | None) -> dict[str, Any]:
         """Which samples were used, as the trial log and ``--json`` say it."""
-        how = (
-            "each step() of the first optimizer ends a step"
-            if self.rule == "optimizer"
-            else f"each return of {self.rule.split(' ', 1)[1]} ends a step"
-        )
+        if self.rule == "optimizer":
+            how = "each step() of the optimizer that stepped most ends a step"
+            of = f"optimizers: {self.sources} stepped"
+        else:
+            how = f"each return of {self.rule.split(' ', 1)[1]} ends a step"
+            of = f"threads: {self.sources} returned from it"
+        if self.sources > 1:
+            how += f" (timed apart; {of})"
         last = self.first_kept + len(self.times) - 1
         return {
             "from": "probe",
