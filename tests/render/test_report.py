@@ -230,3 +230,50 @@ def test_a_culprit_without_a_figure_of_its_own_says_its_slowdown_with_the_rest()
         "— 57.5 → 5.6 Ktok/s with the rest of the change — crashed 3 of 5 (good: 0 of 1): X"
     ), line
     assert "with the rest" not in culprit_sentence(c, 60_000.0, 6_000.0)
+
+
+def test_found_causes_say_which_other_units_a_good_trial_cleared(tmp_path: Path) -> None:
+    """The H100's field drift (sixth session): the data and the emptied inductor cache were
+    named, and nothing said the patch, the repo, the allocator setting were innocent, which
+    the trials had shown (trials 7 and 8 good), nor that the triton cache was only ever run
+    beside a culprit."""
+    import dataclasses
+
+    base = _result(tmp_path)
+    data, cache = (
+        base.diff.unit("data:/root/data/prompts-v2.jsonl"),
+        base.diff.unit("caches:inductor"),
+    )
+    patch, repo = "files:/root/models/dflash-drafter/modeling_dflash.py", "git:/root/dflash@2"
+    alloc, triton = "env:PYTORCH_CUDA_ALLOC_CONF", "packages:transformers"
+    every = (data.id, cache.id, patch, repo, alloc, triton)
+    rows = [
+        TrialRow(1, (), (62100.0,), 62100.0, "good", purpose="endpoint: good"),
+        TrialRow(2, every, (6900.0,), 6900.0, "bad", purpose="endpoint: bad"),
+        TrialRow(3, (patch, repo, alloc), (61900.0,), 61900.0, "good", runs=16),
+        TrialRow(5, (data.id,), (1900.0,), 1900.0, "bad", runs=5, crashes=3),
+        TrialRow(6, (cache.id, triton, patch, repo, alloc), (54600.0,), 54600.0, "good"),
+        TrialRow(7, (patch, repo), (54800.0,), 54800.0, "good"),
+        TrialRow(8, (alloc,), (56300.0,), 56300.0, "good"),
+        TrialRow(10, (cache.id,), (), None, "bad", runs=5, crashes=4),
+    ]
+    result = dataclasses.replace(
+        base, culprits=(Culprit(data), Culprit(cache, hidden=True)), trials=tuple(rows)
+    )
+    lines = render_markdown(result)
+    assert (
+        "Not causes (a trial with them and without the culprits was good): "
+        f"{patch}, {repo[:-2]} (good in trial 7, 54.8 Ktok/s); {alloc} (good in trial 8, "
+        "56.3 Ktok/s)" in lines
+    )
+    assert f"Not judged apart from a culprit (no trial held them without one): {triton}" in lines
+    doc = as_json(result)
+    assert {c["unit"]: c["good_trial"] for c in doc["not_causes"]} == {
+        patch: 7,
+        repo[:-2]: 7,
+        alloc: 8,
+    }
+    assert doc["not_judged_apart"] == [triton]
+    # no culprit, no such line: the other units are not "not causes" of nothing
+    none = dataclasses.replace(result, culprits=(), outcome="not-reproduced")
+    assert "Not causes" not in render_markdown(none) and as_json(none)["not_causes"] == []

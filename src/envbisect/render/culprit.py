@@ -109,7 +109,7 @@ def summary_lines(result: RunResult) -> list[str]:
                 f"{len(causes)} independent causes: each one alone brings the regression "
                 "on top of the good state; reverting one leaves the others"
             )
-        return lines + [f"Note: {finding}" for finding in result.findings]
+        return lines + not_cause_lines(result) + [f"Note: {f}" for f in result.findings]
     lines = [f"No single culprit ({result.outcome}): {result.message or 'see the trials'}"]
     if result.blocked:
         lines.append("Not bisected (could not be realized): " + ", ".join(sorted(result.blocked)))
@@ -119,3 +119,25 @@ def summary_lines(result: RunResult) -> list[str]:
 def why_lines(result: RunResult) -> list[str]:
     """Under each culprit, the facts that explain it (good vs bad, only what differs)."""
     return [f"  {line}" for c in result.culprits for line in c.why]
+
+
+def not_cause_lines(result: RunResult) -> list[str]:
+    """The other units beside the culprits: ``Not causes: env:X (good in trial 8, 56.3
+    Ktok/s); …`` and those judged only beside a culprit."""
+    cleared, untried = result.not_causes()
+    lines = []
+    if cleared:
+        parts = []
+        for trial, units in cleared:
+            figure = f", {format_ktok(trial.median)} Ktok/s" if trial.median is not None else ""
+            crash = f", crashed {trial.crashes} of {trial.runs}" if trial.crashes else ""
+            clean = f", 0 of {trial.runs} crashed" if trial.runs > 1 and not crash else ""
+            parts.append(f"{', '.join(units)} (good in trial {trial.index}{figure}{crash}{clean})")
+        lines.append("Not causes (a trial with them and without the culprits was good): "
+                     + "; ".join(parts))  # fmt: skip
+    if untried:
+        lines.append(
+            "Not judged apart from a culprit (no trial held them without one): "
+            + ", ".join(untried)
+        )
+    return lines

@@ -261,6 +261,18 @@ def _python_of(result: RunResult) -> str:
     return words[words.index("--python") + 1] if "--python" in words else "python3"
 
 
+def _not_causes(result: RunResult) -> dict[str, Any]:
+    cleared, untried = result.not_causes()
+    return {
+        "not_causes": [
+            {"unit": u, "good_trial": t.index, "median_tok_per_s": t.median}
+            for t, units in cleared
+            for u in units
+        ],
+        "not_judged_apart": list(untried),
+    }
+
+
 def as_json(result: RunResult) -> dict[str, Any]:
     """The ``--json`` document."""
     return {
@@ -286,6 +298,7 @@ def as_json(result: RunResult) -> dict[str, Any]:
             for c in result.culprits
         ],
         "trials": [t.as_dict() for t in result.trials],
+        **_not_causes(result),
         "good_median_tok_per_s": result.good_median,
         "bad_median_tok_per_s": result.bad_median,
         "not_bisected": dict(result.blocked),

@@ -7,6 +7,7 @@ engine's trials as the session numbers them."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -257,6 +258,46 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         return 0 if self.outcome == RunOutcome.FOUND and self.culprits else 1
+
+    def not_causes(self) -> tuple[tuple[tuple[TrialRow, tuple[str, ...]], ...], tuple[str, ...]]:
+        """The other units, once culprits are found: those a good trial held without any
+        culprit, each with the smallest such trial (grouped by it, in trial order), and
+        those no such trial held (judged only beside a culprit)."""
+        if not self.culprits:
+            return (), ()
+        guilty = {u for c in self.culprits for u in (c.unit.id, *c.together_with)}
+        seen: dict[str, None] = {}
+        for t in self.trials:
+            seen.update(dict.fromkeys(_unit_of(a) for a in t.applied))
+        clean = [
+            t
+            for t in self.trials
+            if t.verdict == TrialVerdict.GOOD
+            and t.applied
+            and not guilty & {_unit_of(a) for a in t.applied}
+        ]
+        by_trial: dict[int, list[str]] = {}
+        untried = []
+        for unit in seen:
+            if unit in guilty or unit in self.blocked:
+                continue
+            held = [t for t in clean if unit in {_unit_of(a) for a in t.applied}]
+            if held:
+                best = min(held, key=lambda t: (len(t.applied), t.index))
+                by_trial.setdefault(best.index, []).append(unit)
+            else:
+                untried.append(unit)
+        rows = {t.index: t for t in self.trials}
+        cleared = tuple((rows[i], tuple(sorted(by_trial[i]))) for i in sorted(by_trial))
+        return cleared, tuple(sorted(untried))
+
+
+_AT = re.compile(r"@\d+$")
+
+
+def _unit_of(applied: str) -> str:
+    """The unit of a trial's applied name (``git:/r@3``: a unit at a position)."""
+    return _AT.sub("", applied)
 
 
 def outlier(
