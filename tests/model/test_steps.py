@@ -83,3 +83,31 @@ def test_breakdowns_add_up() -> None:
     call = {"wall_s": 12.5, "fill_s": 0.0, "runs": [{"wall_s": 10.0, "breakdown": run}]}
     t = trial_timing([call])
     assert t["realize_s"] == 2.5 and t["processes"] == 1 and t["steps_s"] == 3.0
+
+
+def test_threads_stepping_together_give_windows_of_one_step_each() -> None:
+    # three threads, each step 0.3 s but taking turns: thread 0 steps at 0.1, 0.2 (then waits
+    # 0.4 s), 0.7, 0.8, ...: its own steps are 0.1 s or 0.5 s. The program's rate is one
+    # step every 0.1 s; windows of three merged ends (one step of each) are all 0.3 s.
+    merged = [round(0.1 * i, 6) for i in range(1, 31)]
+    facts = {
+        "steps": {
+            "rule": "optimizer",
+            "steps": 10,
+            "sources": 4,  # a warm-up optimizer stepped once, before the threads
+            "beside": 3,
+            "intervals_s": [0.1, 0.5] * 4 + [0.1],
+            "merged_ends_s": merged,
+            "ends_s": [],
+        }
+    }
+    got = StepSamples.of(facts)
+    assert got is not None and got.per == 3
+    assert got.times == pytest.approx([0.3] * 6)  # 10 window ends, 9 timed, 3 left out
+    figure = 3000 / 0.3
+    m = with_steps(Measurement(figure, None, "regex", {"samples": [figure]}), facts, 3)
+    assert statistics.median(m.samples) == pytest.approx(figure)
+    used = m.result["samples_from"]
+    assert used["steps_per_sample"] == 3 and used["steps_used"] == [5, 10]
+    assert used["text"].startswith("windows 5-10 of 10 timed by the probe (3 optimizers")
+    assert "; 1 more stepped only before or after it" in used["rule"]

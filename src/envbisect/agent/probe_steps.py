@@ -5,10 +5,11 @@ The rule for a step (documented in the README and ``envbisect.model.steps``):
 
 - by default each ``step()`` of the optimizer that stepped most ends a training step (torch's
   global ``register_optimizer_step_post_hook``; of optimizers that stepped as often, the
-  first to step): a second optimizer stepping in the same loop does not split the step, an
-  optimizer used once to warm up before training is not the one timed, and a script that
-  trains in threads, an optimizer each, has each thread's steps timed apart (one thread's
-  are the samples), not every thread's ends merged;
+  first to step): an optimizer used once to warm up before training is not the one timed;
+  the optimizers that stepped while it did (threads with an optimizer each, a second
+  optimizer of the same loop) have their ends merged with its own, in time order
+  (``merged_ends_s``), and the host's samples are windows of one step of each, since one
+  thread's own steps (most fast, some waiting on the others) are not the program's rate;
 - with ``step_fn`` in the probe's config (``--step-fn MODULE:QUALNAME``), each outermost
   return of that function ends a step instead (in the thread that returned from it most):
   a function of the script itself (``__main__:train_step``, or the script's own name
@@ -36,6 +37,7 @@ from typing import Any
 
 T0 = time.perf_counter()  # the probe's start: offsets below are from here
 MAX_ENDS = 100000  # a long run keeps its first steps' ends (the host uses a few)
+MAX_MERGED = 20000  # step ends of every source, merged, that the facts carry
 MAX_SOURCES = 64  # optimizers (or threads, for a step function) whose step ends are kept
 STEPS: dict[str, Any] = {
     "rule": None,  # "optimizer" | "function"
@@ -222,6 +224,9 @@ def facts():
     # The source that stepped most (the first of a tie: dicts keep the order they stepped
     # in) gives the timed steps; the span of steps is every source's, first end to last.
     ends = max(sources, key=len) if sources else []
+    # the sources stepping while it did (threads, an optimizer each; a second optimizer of
+    # the same loop), not one that stepped before or after it (a warm-up's, an old epoch's)
+    beside = [e for e in sources if e and ends and e[0] <= ends[-1] and e[-1] >= ends[0]]
     firsts = [e[0] for e in sources if e]
     lasts = [e[-1] for e in sources if e]
     out = {
@@ -233,6 +238,14 @@ def facts():
         "intervals_s": [round(ends[i] - ends[i - 1], 6) for i in range(1, len(ends))],
         "ends_s": [round(e - T0, 4) for e in ends[:MAX_SPANS]],
         "compile_spans_s": spans,
+        # several sources (threads with an optimizer each): every step's end, in time order,
+        # the host's windows of one step per source (the program's rate, not one thread's)
+        "beside": len(beside),
+        "merged_ends_s": (
+            [round(e - T0, 6) for e in sorted(e for src in beside for e in src)[:MAX_MERGED]]
+            if len(beside) > 1
+            else None
+        ),
         "first_end_s": round(min(firsts) - T0, 4) if firsts else None,
         "last_end_s": round(max(lasts) - T0, 4) if lasts else None,
         "at_exit_s": round(time.perf_counter() - T0, 4),

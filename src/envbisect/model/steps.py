@@ -4,18 +4,19 @@ trial's time went (start-up, compile, steps, realize).
 
 The rule, as users read it: each ``step()`` of the optimizer that stepped most ends a
 training step (or, with ``--step-fn MODULE:QUALNAME``, each outermost return of that
-function, in the thread that returned from it most): one used only to warm up is not it,
-and a script training in threads has one thread's steps timed, not every thread's merged. A
-step's time runs from the end of the step before to its own end, so step 1 (the first
-compile) has none; of the rest the first third are warm-up and left out, as with
-``--warmup-lines``. When a run's own figure (``--metric-regex``, an ``ENVBISECT_RESULT``)
-gives fewer samples than the trial asked of the process, the kept steps become its samples,
-in that figure's units: the figure is read as the rate over every timed step, so one step's
-work is ``figure × mean step time`` and a kept step's sample is that work over its own time.
-The figure stays the one the command reported (the threshold is in its units); the steps
-add how much it moves, and a step the machine held up lowers its own sample, not the
-median. Tokens are not counted by the probe: the command's own figure says how much a
-step does.
+function, in the thread that returned from it most): one used only to warm up is not it.
+Threads training an optimizer each (those that stepped while the most-stepped one did) give
+windows of one step of each, from their merged ends, as the steps: one thread's own steps
+take turns with the others' and are not the program's rate. A step's time runs from the end
+of the step before to its own end, so step 1 (the first compile) has none; of the rest the
+first third are warm-up and left out, as with ``--warmup-lines``. When a run's own figure
+(``--metric-regex``, an ``ENVBISECT_RESULT``) gives fewer samples than the trial asked of
+the process, the kept steps become its samples, in that figure's units: the figure is read
+as the rate over every timed step, so one step's work is ``figure × mean step time`` and a
+kept step's sample is that work over its own time. The figure stays the one the command
+reported (the threshold is in its units); the steps add how much it moves, and a step the
+machine held up lowers its own sample, not the median. Tokens are not counted by the probe:
+the command's own figure says how much a step does.
 """
 
 from __future__ import annotations
@@ -34,38 +35,42 @@ class StepSamples:
     """The steps one process timed: the rule, how many, and the kept steps' times."""
 
     rule: str  # "optimizer" | "function MODULE:QUALNAME"
-    steps: int  # step ends seen (of the source that stepped most)
-    first_kept: int  # 1-based number of the first kept step
-    times: tuple[float, ...]  # seconds per kept step
+    steps: int  # step ends seen (of the source that stepped most; windows' ends with per > 1)
+    first_kept: int  # 1-based number of the first kept step (window)
+    times: tuple[float, ...]  # seconds per kept step (window)
     mean_s: float = 0.0  # mean time of every timed step (2..N): what the figure spans
     compiled: tuple[int, ...] = ()  # kept steps that spent >= HELD of their time compiling
     compile_s: float = 0.0  # the backend compile time inside those steps
     sources: int = 1  # optimizers (threads, for a step function) whose steps were seen
+    per: int = 1  # steps to a sample: one of each source stepping beside the timed one
 
     @classmethod
     def of(cls, facts: Mapping[str, Any] | None) -> StepSamples | None:
-        """The kept steps of a run's facts, or None when it timed fewer than two steps."""
+        """The kept steps of a run's facts, or None when it timed fewer than two steps.
+        Several sources stepping together (threads with an optimizer each): windows of one
+        step of each, from their merged ends, are the steps."""
         steps = (facts or {}).get("steps")
         if not isinstance(steps, Mapping):
             return None
-        raw = steps.get("intervals_s") or []
-        times = [float(x) for x in raw if isinstance(x, (int, float)) and not isinstance(x, bool)]
-        if not times or not all(math.isfinite(t) and t > 0 for t in times):
+        sources, per = _count(steps.get("sources")), _count(steps.get("beside"))
+        merged = steps.get("merged_ends_s")
+        ends = [float(x) for x in merged or () if _num(x) is not None]
+        if per > 1 and len(ends) > 2 * per:
+            ends = ends[::per]  # each window: from one end to the per-th after it
+            times = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        else:
+            per, ends = 1, [float(x) for x in steps.get("ends_s") or () if _num(x) is not None]
+            raw = steps.get("intervals_s") or []
+            times = [float(x) for x in raw if _num(x) is not None]
+        if not times or not all(t > 0 for t in times):
             return None
         skip = len(times) // 3
         rule = "optimizer" if steps.get("rule") == "optimizer" else f"function {steps['step_fn']}"
         mean = sum(times) / len(times)
-        compiled, compile_s = _held_by_compiles(steps, skip)
-        sources = steps.get("sources")
+        compiled, compile_s = _held_by_compiles(ends, steps.get("compile_spans_s") or [], skip)
+        seen = len(ends) if per > 1 else int(steps.get("steps") or 0)
         return cls(
-            rule,
-            int(steps.get("steps") or 0),
-            skip + 2,
-            tuple(times[skip:]),
-            mean,
-            compiled,
-            compile_s,
-            sources if isinstance(sources, int) and sources > 0 else 1,
+            rule, seen, skip + 2, tuple(times[skip:]), mean, compiled, compile_s, sources, per
         )
 
     def scaled(self, figure: float) -> tuple[float, ...]:
@@ -77,25 +82,33 @@ class StepSamples:
 
     def used(self, figure: float, source: str | None) -> dict[str, Any]:
         """Which samples were used, as the trial log and ``--json`` say it."""
-        if self.rule == "optimizer":
+        what = "steps"
+        if self.per > 1:
+            what = "windows"
+            who = "optimizers" if self.rule == "optimizer" else "threads"
+            fn = "step()" if self.rule == "optimizer" else f"return of {self.rule.split(' ')[1]}"
+            how = (
+                f"{self.per} {who} stepped together: a window of {self.per} steps, one "
+                f"{fn} of each, is a sample"
+            )
+        elif self.rule == "optimizer":
             how = "each step() of the optimizer that stepped most ends a step"
-            of = f"optimizers: {self.sources} stepped"
         else:
             how = f"each return of {self.rule.split(' ', 1)[1]} ends a step"
-            of = f"threads: {self.sources} returned from it"
-        if self.sources > 1:
-            how += f" (timed apart; {of})"
+        if self.sources > self.per:
+            how += f"; {self.sources - self.per} more stepped only before or after it"
         last = self.first_kept + len(self.times) - 1
         return {
             "from": "probe",
             "rule": how,
             "steps_seen": self.steps,
             "steps_used": [self.first_kept, last],
-            "left_out": f"steps 1-{self.first_kept - 1} (first compile, warm-up)",
+            "steps_per_sample": self.per,
+            "left_out": f"{what} 1-{self.first_kept - 1} (first compile, warm-up)",
             "scaled_to": figure,
             "figure_from": source,
             "text": (
-                f"steps {self.first_kept}-{last} of {self.steps} timed by the probe ({how}), "
+                f"{what} {self.first_kept}-{last} of {self.steps} timed by the probe ({how}), "
                 f"in the units of the reported {format_ktok(figure)} Ktok/s"
             ),
         }
@@ -104,10 +117,11 @@ class StepSamples:
 HELD = 0.25  # a kept step that spent this share of its time in torch.compile's backend
 
 
-def _held_by_compiles(steps: Mapping[str, Any], skip: int) -> tuple[tuple[int, ...], float]:
+def _held_by_compiles(
+    ends: Sequence[float], spans: Sequence[Any], skip: int
+) -> tuple[tuple[int, ...], float]:
     """The kept steps (1-based numbers) that compiled for at least ``HELD`` of their time,
-    and the compile time inside them, from the probe's step ends and compile spans."""
-    ends, spans = steps.get("ends_s") or [], steps.get("compile_spans_s") or []
+    and the compile time inside them, from the steps' ends and the compile spans."""
     held: list[int] = []
     total = 0.0
     for i in range(skip + 1, len(ends)):  # step i + 1 runs from ends[i - 1] to ends[i]
@@ -249,6 +263,10 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if quick:
         out["quick_exits"] = quick
     return out
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def _num(value: Any) -> float | None:
