@@ -278,6 +278,29 @@ def test_without_uv_on_the_target_packages_are_not_bisected_and_say_why(
     assert sc.fingerprint() == before
 
 
+def test_an_env_unit_set_here_too_is_said_on_the_far_side(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found as a user (sixth session): run from a shell that holds the bad state's variable
+    (``MY_FLAG=1 envbisect run --via ssh …``), the far process never got it. The state's
+    variables went as a difference from this machine's environment, and the ssh login on
+    the far side holds none of it: the bad endpoint was "not faithful: env unset"."""
+    monkeypatch.setenv("EB_SLOW", str(SLOWDOWN))  # here as in the bad state
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==3.0")
+    sc.write(
+        good={"packages": {"ebwork": pkg("3.0")}, "env": {}},
+        bad={"packages": {"ebwork": pkg("3.0")}, "env": {"EB_SLOW": str(SLOWDOWN)}},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    res, doc = _run(sc, sshd_server, smoke=(sc.python, str(sc.repo / "train.py")))
+    assert res.return_value == 0, (res.output, doc.get("message"))
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+
+
 def test_builtin_smoke_gets_the_per_trial_environment_on_the_far_side(
     tmp_path: Path,
     sshd_server: SshServer,  # noqa: F811 - the fixture imported above

@@ -182,6 +182,9 @@ class Placement:
     cwd: Path | None = None
     path_map: tuple[tuple[str, str], ...] = ()
     origin: str | None = None  # where the user ran envbisect (local targets only)
+    # The variables of env units, set or unset as the state says: on a remote target they
+    # are said explicitly, not as a difference from this machine's environment.
+    pinned_env: tuple[str, ...] = ()
 
     @property
     def mapper(self) -> PathMapper:

@@ -543,6 +543,7 @@ class Actuator:
         return Realized(
             python=plan.python,
             env=plan.env,
+            pinned_env=plan.pinned_env,
             cwd=plan.cwd,
             path_map=plan.path_map,
             origin=plan.origin,

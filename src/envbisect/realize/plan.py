@@ -42,7 +42,8 @@ def make_plan(
     # Longest prefixes first, so a dataset inside a repo wins over the repo.
     plan = replace(plan, path_map=tuple(sorted(plan.path_map, key=lambda p: -len(p[0]))))
     # PYTHONPATH names the state's packages too (``python -m pkg.mod`` from elsewhere).
-    return replace(plan, env=plan.mapper.env(plan.env))
+    pinned = tuple(sorted(str(key) for (section, key) in values if section == "env"))
+    return replace(plan, env=plan.mapper.env(plan.env), pinned_env=pinned)
 
 
 def local_sandbox(

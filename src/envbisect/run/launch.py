@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,7 @@ class RunSpec:
     pin: tuple[str, ...] = ()  # words put in front of the innermost command (taskset -c N)
     serialize_compiles: bool = False  # the probe compiles one thread at a time (warm-cache run)
     hang_s: float | None = None  # end a local run that used no CPU time this long (--hang-after)
+    pinned_env: tuple[str, ...] = ()  # env units' variables, said explicitly on a far target
     profile: ProfileRequest | None = None  # a few steps under torch.profiler (run --profile)
 
     @property
@@ -289,7 +290,7 @@ def _launch(
 ) -> Launch:
     # Through layers the local environment only reaches the first hop: the state's
     # variables ride in an innermost env layer instead.
-    via = far_transport(spec.transport, run_env) if spec.remote else spec.transport
+    via = far_transport(spec.transport, run_env, spec.pinned_env) if spec.remote else spec.transport
     hang = None
     if spec.hang_s and not spec.remote:  # the probe writes every thread's stack on SIGUSR2
         hang = HangSpec(spec.hang_s, signal.SIGUSR2 if probed.CONFIG_ENV in run_env else None)
@@ -314,12 +315,16 @@ def _launch(
     )
 
 
-def far_transport(transport: Transport, env: Mapping[str, str]) -> Transport:
+def far_transport(
+    transport: Transport, env: Mapping[str, str], pinned: Collection[str] = ()
+) -> Transport:
     """``transport`` plus innermost ``env`` layers that make the far process's environment
     differ from its own as ``env`` differs from ours: changed variables set, removed ones
-    unset (``env -u NAME``)."""
-    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-    unset = [w for k in sorted(os.environ) if k not in env for w in ("-u", k)]
+    unset (``env -u NAME``). A ``pinned`` variable (an env unit's) is set or unset as
+    ``env`` has it whatever ours holds: the far machine's own need not match this one's."""
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v or k in pinned}
+    gone = {k for k in os.environ if k not in env} | {k for k in pinned if k not in env}
+    unset = [w for k in sorted(gone) for w in ("-u", k)]
     if unset:
         transport = Transport((*transport.layers, Layer(("env", *unset), LayerKind.ARGV)))
     return transport.with_env(changed)

@@ -405,7 +405,11 @@ class TrialRunner:
         where = {k: realized.map_argv([k])[0] for (_s, k) in values}
         expected = expected_facts(actuator.good, actuator.bad, values, where)
         remote = bool(work.transport.layers)
-        via = far_transport(work.transport, realized.env) if remote else work.transport
+        via = (
+            far_transport(work.transport, realized.env, realized.pinned_env)
+            if remote
+            else work.transport
+        )
         return check_state(
             transport=via,
             python=realized.python,
@@ -540,6 +544,7 @@ class TrialRunner:
             samples=samples,
             pin=work.worker.pin_argv() if work.worker is not None else (),
             hang_s=self.o.hang_after_s or None,
+            pinned_env=realized.pinned_env,
         )
 
     def _run(self, work: TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
