@@ -145,6 +145,7 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
     eb = [py, "-m", "envbisect"]
     try:
         own = ns.own_style if ns.own else ""
+        at_once = ns.rate_at_once or (8 if own else 4)
         cfg, env = setup(root, py, own, ns.workers)
         tr.say("warming the good state's compile cache: one single-threaded run")
         warm = command(py, own, 1)
@@ -165,7 +166,7 @@ def one(out: Path, ns: argparse.Namespace, index: int) -> dict:
             "--bad", str(bad), "--until", "70%", "--find-all", "--timeout", str(ns.timeout),
             "--session", str(root / "session"), "--json", str(d / "run.json"),
             "--report", str(d / "report.md"), "--hang-after", str(ns.hang_after),
-            "--rate-runs-at-once", str(ns.rate_at_once if ns.workers == 1 else 1),
+            "--rate-runs-at-once", str(at_once if ns.workers == 1 else 1),
         ]  # fmt: skip
         if ns.own:
             argv += ["--metric-regex", OWN_REGEX]
@@ -225,7 +226,11 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="slots on the one GPU (workers:)")
     ap.add_argument("--timeout", type=int, default=180)
     ap.add_argument(
-        "--rate-at-once", type=int, default=4, help="run's --rate-runs-at-once (1 with workers)"
+        "--rate-at-once",
+        type=int,
+        default=None,
+        help="run's --rate-runs-at-once (1 with workers; default 4, 8 with --own: its 40-s bad"
+        " runs and 16 clean runs to clear a state of a 4-of-10 crash, H100)",
     )
     ap.add_argument(
         "--hang-after", type=float, default=30, help="run's --hang-after (the own script hangs)"
