@@ -277,3 +277,19 @@ def test_found_causes_say_which_other_units_a_good_trial_cleared(tmp_path: Path)
     # no culprit, no such line: the other units are not "not causes" of nothing
     none = dataclasses.replace(result, culprits=(), outcome="not-reproduced")
     assert "Not causes" not in render_markdown(none) and as_json(none)["not_causes"] == []
+
+
+def test_a_package_step_state_counts_as_its_unit_among_the_not_causes(tmp_path: Path) -> None:
+    """``torch-stack[triton]`` (a state of the package step) is the torch stack, as the trial
+    table's legend reads it: not a unit of its own that no trial cleared."""
+    import dataclasses
+
+    base = _result(tmp_path)
+    rows = (
+        TrialRow(1, (), (12000.0,), 12000.0, "good"),
+        TrialRow(2, ("env:PYTORCH_CUDA_ALLOC_CONF", "torch-stack"), (4000.0,), 4000.0, "bad"),
+        TrialRow(3, ("torch-stack[triton]",), (11900.0,), 11900.0, "good"),
+    )
+    cleared, untried = dataclasses.replace(base, trials=rows).not_causes()
+    assert [(t.index, units) for t, units in cleared] == [(3, ("torch-stack",))]
+    assert untried == ()

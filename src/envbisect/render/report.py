@@ -22,7 +22,7 @@ from envbisect.model.session import Session
 from envbisect.model.steps import describe_timing
 from envbisect.render import kernels
 from envbisect.render.culprit import hunk_section, summary_lines, why_lines
-from envbisect.run.result import Culprit, RunResult, TrialRow
+from envbisect.run.result import Culprit, RunResult, TrialRow, unit_of
 
 # The --json document of ``run``; bump the number when a field changes meaning.
 RUN_SCHEMA = "envbisect/run@1"
@@ -61,17 +61,7 @@ def _applied(applied: Sequence[str], legend: Mapping[str, int] | None = None) ->
         return "(none: good state)"
     if legend is None:
         return ", ".join(applied)
-    return " ".join(f"[{legend[_unit(a)]}]" + _at(a) for a in applied)
-
-
-def _unit(applied: str) -> str:
-    """``git:/r@3`` → ``git:/r`` (the position of an ordered unit is not part of its id)."""
-    head, sep, tail = applied.rpartition("@")
-    if sep and tail.isdigit():
-        return head
-    # ``torch-stack[triton]``: a package unit in a state of the package step (pkgrun)
-    head, sep, tail = applied.partition("[")
-    return head if sep and tail.endswith("]") and ":" not in tail else applied
+    return " ".join(f"[{legend[unit_of(a)]}]" + _at(a) for a in applied)
 
 
 def _at(applied: str) -> str:
@@ -87,7 +77,7 @@ def unit_legend(rows: Sequence[TrialRow]) -> dict[str, int] | None:
     ids: dict[str, int] = {}
     for r in rows:
         for a in r.applied:
-            ids.setdefault(_unit(a), 0)
+            ids.setdefault(unit_of(a), 0)
     return {u: i for i, u in enumerate(sorted(ids), start=1)}
 
 
@@ -353,7 +343,7 @@ def _purpose(r: TrialRow) -> str:
 def explain_trial(r: TrialRow, culprits: set[str]) -> str:
     """One evidence line: what the trial was, what it measured, what that means."""
     what = _purpose(r)
-    applied = {_unit(a) for a in r.applied}
+    applied = {unit_of(a) for a in r.applied}
     below = r.purpose.startswith(("narrow: torch stack", "narrow: releases of "))
     if culprits and r.applied and not below:  # below a culprit: part of it, said by `what`
         what += "; with the culprit" if culprits & applied else "; without the culprit"

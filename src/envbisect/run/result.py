@@ -7,7 +7,6 @@ engine's trials as the session numbers them."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -266,22 +265,19 @@ class RunResult:
         if not self.culprits:
             return (), ()
         guilty = {u for c in self.culprits for u in (c.unit.id, *c.together_with)}
-        seen: dict[str, None] = {}
-        for t in self.trials:
-            seen.update(dict.fromkeys(_unit_of(a) for a in t.applied))
+        units = {t.index: {unit_of(a) for a in t.applied} for t in self.trials}
+        seen = dict.fromkeys(unit_of(a) for t in self.trials for a in t.applied)
         clean = [
             t
             for t in self.trials
-            if t.verdict == TrialVerdict.GOOD
-            and t.applied
-            and not guilty & {_unit_of(a) for a in t.applied}
+            if t.verdict == TrialVerdict.GOOD and units[t.index] and not guilty & units[t.index]
         ]
         by_trial: dict[int, list[str]] = {}
         untried = []
         for unit in seen:
             if unit in guilty or unit in self.blocked:
                 continue
-            held = [t for t in clean if unit in {_unit_of(a) for a in t.applied}]
+            held = [t for t in clean if unit in units[t.index]]
             if held:
                 best = min(held, key=lambda t: (len(t.applied), t.index))
                 by_trial.setdefault(best.index, []).append(unit)
@@ -292,12 +288,15 @@ class RunResult:
         return cleared, tuple(sorted(untried))
 
 
-_AT = re.compile(r"@\d+$")
-
-
-def _unit_of(applied: str) -> str:
-    """The unit of a trial's applied name (``git:/r@3``: a unit at a position)."""
-    return _AT.sub("", applied)
+def unit_of(applied: str) -> str:
+    """The unit of a trial's applied name: ``git:/r@3`` → ``git:/r`` (the position of an
+    ordered unit is not part of its id), ``torch-stack[triton]`` → ``torch-stack`` (a
+    package unit in a state of the package step, pkgrun)."""
+    head, sep, tail = applied.rpartition("@")
+    if sep and tail.isdigit():
+        return head
+    head, sep, tail = applied.partition("[")
+    return head if sep and tail.endswith("]") and ":" not in tail else applied
 
 
 def outlier(
