@@ -1,18 +1,21 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
 
 from envbisect.model.errors import UsageError
 from envbisect.model.metric import (
+    FIGURE_SEEN,
     MetricSpec,
     Threshold,
     format_ktok,
     format_tok,
     measure,
     parse_ktoks,
+    suggested_regex,
 )
 
 
@@ -167,3 +170,27 @@ def test_a_long_sample_list_shows_its_first_its_last_and_the_count() -> None:
     assert ktok_list(samples) == "1.0, 2.0, 3.0, 4.0, 5.0, 6.0, …, 133.0 (133 samples)"
     assert ktok_list([12600.0, 12400.0], [False, True]) == "12.6, 12.4*"
     assert ktok_list([], sep=" ") == "-"
+
+
+@pytest.mark.parametrize(
+    ("line", "regex", "tok_per_s"),
+    [
+        ("throughput: 7.2 Ktok/s", "throughput: ([0-9.]+) Ktok/s", 7200.0),
+        ("step 9 | loss 0.51 | tok/s 1,234 | 3.4 Ktok/s", r"\| ([0-9.]+) Ktok/s", 3400.0),
+        ("[train] speed=12,345tok/s", r"\[train\] speed=([0-9.,]+)tok/s", 12345.0),
+        ("rank0: 812.5 tokens/sec", ": ([0-9.]+) tokens/sec", 812.5),
+    ],
+)
+def test_a_printed_figure_gets_a_regex_that_reads_it(
+    line: str, regex: str, tok_per_s: float
+) -> None:
+    assert suggested_regex(f"loading\n{line}\nbye\n") == shlex.quote(regex)
+    assert MetricSpec.parse(regex).read(line) == pytest.approx(tok_per_s)
+
+
+def test_no_regex_is_made_up_without_a_figure_in_tokens_per_second() -> None:
+    assert suggested_regex("step 3 loss 0.5\n12.5 it/s\ntokens/s: 55\n") is None
+    failure = measure(stdout=b"12.5 it/s\n", stderr=b"", returncode=0, timed_out=False).failure
+    assert FIGURE_SEEN not in str(failure)
+    seen = measure(stdout=b"done: 9.5 tok/s\n", stderr=b"", returncode=0, timed_out=False)
+    assert "read with --metric-regex 'done: ([0-9.]+) tok/s'" in str(seen.failure)

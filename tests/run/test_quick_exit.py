@@ -41,14 +41,15 @@ if "--exit-3" in sys.argv:
 """
 
 
-def _run(tmp_path: Path, *args: str, full_exit: bool = False) -> RunLog:
+def _run(tmp_path: Path, *args: str, full_exit: bool = False, regex: str | None = FIGURE) -> RunLog:
     tmp_path.mkdir(exist_ok=True)
     script = tmp_path / "prog.py"
     script.write_text(PROGRAM)
     logs: list[RunLog] = []
     spec = RunSpec(Transport(), sys.executable, None, None, 120, tmp_path / "logs", "run-1")
     argv = (sys.executable, str(script), str(tmp_path / "marker"), *args)
-    smoke = SmokeCommand(argv, MetricSpec.parse(FIGURE), full_exit=full_exit)
+    metric = MetricSpec.parse(regex) if regex else None
+    smoke = SmokeCommand(argv, metric, full_exit=full_exit)
     run_once(smoke, spec, record=logs.append)
     return logs[0]
 
@@ -89,6 +90,19 @@ def test_a_figure_printed_at_exit_is_missed_and_the_failure_says_full_exit(
     assert QUICK_NOTE in str(quick.measurement.failure) and "--full-exit" in QUICK_NOTE
     full = _run(tmp_path / "full", "--figure-at-exit", full_exit=True)
     assert full.measurement.ok and full.measurement.tok_per_s == 7.5
+
+
+def test_a_figure_printed_but_not_asked_for_gets_its_regex_not_the_exit_note(
+    tmp_path: Path,
+) -> None:
+    """Found as a user: a script printing ``throughput: 7.2 Ktok/s`` run without
+    --metric-regex was told that "a figure written at exit needs --full-exit"; its figure
+    was printed, just never asked for."""
+    log = _run(tmp_path, regex=None)
+    failure = str(log.measurement.failure)
+    assert failure.startswith("no metric")
+    assert "read with --metric-regex 'throughput: ([0-9.]+) tok/s'" in failure
+    assert QUICK_NOTE not in failure
 
 
 @pytest.mark.slow

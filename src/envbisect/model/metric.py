@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import re
+import shlex
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -322,8 +323,43 @@ def measure(
             if spec
             else ("no ENVBISECT_RESULT (file, line or frame); use --metric-regex for a log line")
         )
+        figure = suggested_regex(_text(stdout, stderr))
+        if figure is not None:
+            how += f"; {FIGURE_SEEN}, read with --metric-regex {figure}"
         return Measurement(None, _no_metric(how), None)
     return found
+
+
+FIGURE_SEEN = "its output has a throughput line"
+_FIGURE = re.compile(
+    r"(?P<num>\d[\d,_]*(?:\.\d+)?)(?P<gap>\s*)(?P<unit>[KkMm]?tok(?:en)?s?/s(?:ec)?)(?![A-Za-z])"
+)
+_REGEX_SPECIAL = re.compile(r"([\\.^$*+?{}\[\]|()])")
+
+
+def suggested_regex(text: str) -> str | None:
+    """A ``--metric-regex`` (shell-quoted) for the last line of ``text`` that prints a
+    figure in tok/s, Ktok/s or tokens/s: the words since the line's previous number, the
+    number's group, the unit. None when no line does."""
+    for line in reversed(text.splitlines()):
+        figures = list(_FIGURE.finditer(line))
+        if not figures:
+            continue
+        last = figures[-1]
+        label = re.split(r"\d", line[: last.start()])[-1].lstrip()[-40:]
+        number = r"([0-9.,]+)" if "," in last.group("num") else r"([0-9.]+)"
+        gap = " " if last.group("gap") else ""
+        regex = _REGEX_SPECIAL.sub(r"\\\1", label) + number + gap + last.group("unit")
+        return shlex.quote(regex)
+    return None
+
+
+def _text(stdout: bytes, stderr: bytes) -> str:
+    return (
+        stdout[-65536:].decode("utf-8", "replace")
+        + "\n"
+        + stderr[-65536:].decode("utf-8", "replace")
+    )
 
 
 def _from_log(spec: MetricSpec, stdout: bytes, stderr: bytes) -> Measurement | None:

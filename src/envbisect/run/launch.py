@@ -26,7 +26,14 @@ from envbisect.model.errors import TransportError
 from envbisect.model.facts import from_drafter
 from envbisect.model.failure import Failure
 from envbisect.model.kernels import ProfileRequest
-from envbisect.model.metric import RESULT_ENV, SAMPLES_ENV, Measurement, MetricSpec, measure
+from envbisect.model.metric import (
+    FIGURE_SEEN,
+    RESULT_ENV,
+    SAMPLES_ENV,
+    Measurement,
+    MetricSpec,
+    measure,
+)
 from envbisect.model.steps import breakdown, with_steps
 from envbisect.run import cmdcheck, probed
 from envbisect.transport import Layer, LayerKind, Transport
@@ -198,7 +205,11 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
     if launch.timed_out and launch.probed and probed.left_stacks(launch.stderr):
         note = probed.HUNG_STACKS_NOTE if launch.hung_s is not None else probed.STACKS_NOTE
         reading = replace(reading, failure=Failure(f"{reading.failure}; {note}"))
-    elif cmdcheck.no_metric(reading.failure) and _quick(launch.facts):
+    elif (
+        cmdcheck.no_metric(reading.failure)
+        and _quick(launch.facts)
+        and FIGURE_SEEN not in str(reading.failure)  # printed, just not read: no exit note
+    ):
         reading = replace(reading, failure=Failure(f"{reading.failure}; {QUICK_NOTE}"))
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)
