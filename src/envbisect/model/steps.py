@@ -11,17 +11,18 @@ take turns with the others' and are not the program's rate. A step's time runs f
 of the step before to its own end, so step 1 (the first compile) has none; of the rest the
 first third are warm-up and left out, as with ``--warmup-lines``. When a run's own figure
 (``--metric-regex``, an ``ENVBISECT_RESULT``) gives fewer samples than the trial asked of
-the process, the kept steps become its samples, in that figure's units: the figure is read
-as the rate over every timed step, so one step's work is ``figure × mean step time`` and a
-kept step's sample is that work over its own time. The figure stays the one the command
-reported (the threshold is in its units); the steps add how much it moves, and a step the
-machine held up lowers its own sample, not the median. Tokens are not counted by the probe:
-the command's own figure says how much a step does.
+the process, the kept steps become its samples around that figure: their median is the
+figure, each step's sample the figure times its rate over the median step rate. The verdict
+reads the command's figure, whatever it spans (start-up, a compile a cleared cache no longer
+saves: found as a user, whose figure fell 7.2 → 2.3 Ktok/s on a cold cache while the kept
+steps, all after the compile, ran faster); the steps say how much one process's rate moves.
+Tokens are not counted by the probe: the command's own figure says how much is done.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,6 @@ class StepSamples:
     steps: int  # step ends seen (of the source that stepped most; windows' ends with per > 1)
     first_kept: int  # 1-based number of the first kept step (window)
     times: tuple[float, ...]  # seconds per kept step (window)
-    mean_s: float = 0.0  # mean time of every timed step (2..N): what the figure spans
     compiled: tuple[int, ...] = ()  # kept steps that spent >= HELD of their time compiling
     compile_s: float = 0.0  # the backend compile time inside those steps
     sources: int = 1  # optimizers (threads, for a step function) whose steps were seen
@@ -66,19 +66,18 @@ class StepSamples:
             return None
         skip = len(times) // 3
         rule = "optimizer" if steps.get("rule") == "optimizer" else f"function {steps['step_fn']}"
-        mean = sum(times) / len(times)
         compiled, compile_s = _held_by_compiles(ends, steps.get("compile_spans_s") or [], skip)
         seen = len(ends) if per > 1 else int(steps.get("steps") or 0)
-        return cls(
-            rule, seen, skip + 2, tuple(times[skip:]), mean, compiled, compile_s, sources, per
-        )
+        return cls(rule, seen, skip + 2, tuple(times[skip:]), compiled, compile_s, sources, per)
 
     def scaled(self, figure: float) -> tuple[float, ...]:
-        """One sample per kept step: the work of one step, read from ``figure`` as the rate
-        over every timed step (``figure × mean step time``), over that step's time. A step
-        the machine held up lowers the figure but only its own sample, not the median."""
-        work = figure * self.mean_s
-        return tuple(work / t for t in self.times)
+        """One sample per kept step, in the units of ``figure``, their median the figure
+        itself: a step's sample is the figure times its own rate over the median step rate.
+        The verdict reads the command's figure, whatever it spans (start-up, a compile the
+        cache no longer holds); the steps say how much one process's rate moves."""
+        rates = [1.0 / t for t in self.times]
+        mid = statistics.median(rates)
+        return tuple(figure * r / mid for r in rates)
 
     def used(self, figure: float, source: str | None) -> dict[str, Any]:
         """Which samples were used, as the trial log and ``--json`` say it."""
@@ -109,7 +108,7 @@ class StepSamples:
             "figure_from": source,
             "text": (
                 f"{what} {self.first_kept}-{last} of {self.steps} timed by the probe ({how}), "
-                f"in the units of the reported {format_ktok(figure)} Ktok/s"
+                f"their median the reported {format_ktok(figure)} Ktok/s"
             ),
         }
 
