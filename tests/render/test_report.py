@@ -290,6 +290,39 @@ def test_a_package_step_state_counts_as_its_unit_among_the_not_causes(tmp_path: 
         TrialRow(2, ("env:PYTORCH_CUDA_ALLOC_CONF", "torch-stack"), (4000.0,), 4000.0, "bad"),
         TrialRow(3, ("torch-stack[triton]",), (11900.0,), 11900.0, "good"),
     )
-    cleared, untried = dataclasses.replace(base, trials=rows).not_causes()
-    assert [(t.index, units) for t, units in cleared] == [(3, ("torch-stack",))]
-    assert untried == ()
+    found = dataclasses.replace(base, trials=rows).not_causes()
+    assert [(t.index, units) for t, units in found.cleared] == [(3, ("torch-stack",))]
+    assert found.untried == () and found.unsettled == ()
+
+
+def test_a_unit_held_without_a_culprit_only_in_an_unresolved_trial_is_not_cleared(
+    tmp_path: Path,
+) -> None:
+    """Found as a user through --via (session 7): the grown data was held without the
+    culprit cache only in trial 5, unresolved (5.2 Ktok/s against a good 6.6), and the
+    result said "no trial held them without one", which trial 5 had."""
+    import dataclasses
+
+    base = _result(tmp_path)
+    data, cache = "data:/root/data/prompts-v2.jsonl", base.diff.unit("caches:inductor")
+    alloc = "env:PYTORCH_CUDA_ALLOC_CONF"
+    rows = (
+        TrialRow(1, (), (6600.0,), 6600.0, "good", purpose="endpoint: good"),
+        TrialRow(2, (cache.id, data, alloc), (2400.0,), 2400.0, "bad", purpose="endpoint: bad"),
+        TrialRow(4, (alloc,), (5500.0,), 5500.0, "good"),
+        TrialRow(5, (data, alloc), (5200.0,), 5200.0, "unresolved"),
+        TrialRow(7, (cache.id,), (1700.0,), 1700.0, "bad"),
+    )
+    result = dataclasses.replace(base, culprits=(Culprit(cache),), trials=rows)
+    found = result.not_causes()
+    assert [(t.index, u) for t, u in found.unsettled] == [(5, (data,))]
+    assert found.untried == ()
+    lines = render_markdown(result)
+    assert (
+        "Not cleared (without the culprits only in trials not judged good): "
+        f"{data} (unresolved in trial 5, 5.2 Ktok/s)" in lines
+    )
+    assert "Not judged apart" not in lines
+    assert as_json(result)["not_settled"] == [
+        {"unit": data, "trial": 5, "verdict": "unresolved", "median_tok_per_s": 5200.0}
+    ]

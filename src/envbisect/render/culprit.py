@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from envbisect.model.history import UNCOMMITTED, HunkCulprit
 from envbisect.model.metric import format_ktok
-from envbisect.run.result import Culprit, RunResult
+from envbisect.run.result import Culprit, RunResult, TrialRow, TrialVerdict
 
 
 def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) -> str:
@@ -123,21 +123,30 @@ def why_lines(result: RunResult) -> list[str]:
 
 def not_cause_lines(result: RunResult) -> list[str]:
     """The other units beside the culprits: ``Not causes: env:X (good in trial 8, 56.3
-    Ktok/s); …`` and those judged only beside a culprit."""
-    cleared, untried = result.not_causes()
+    Ktok/s); …``, those whose trials without a culprit were not judged good, and those
+    judged only beside a culprit."""
+    found = result.not_causes()
     lines = []
-    if cleared:
-        parts = []
-        for trial, units in cleared:
-            figure = f", {format_ktok(trial.median)} Ktok/s" if trial.median is not None else ""
-            crash = f", crashed {trial.crashes} of {trial.runs}" if trial.crashes else ""
-            clean = f", 0 of {trial.runs} crashed" if trial.runs > 1 and not crash else ""
-            parts.append(f"{', '.join(units)} (good in trial {trial.index}{figure}{crash}{clean})")
+    if found.cleared:
+        parts = [f"{', '.join(units)} ({_held(trial)})" for trial, units in found.cleared]
         lines.append("Not causes (a trial with them and without the culprits was good): "
                      + "; ".join(parts))  # fmt: skip
-    if untried:
+    if found.unsettled:
+        parts = [f"{', '.join(units)} ({_held(trial)})" for trial, units in found.unsettled]
+        lines.append("Not cleared (without the culprits only in trials not judged good): "
+                     + "; ".join(parts))  # fmt: skip
+    if found.untried:
         lines.append(
             "Not judged apart from a culprit (no trial held them without one): "
-            + ", ".join(untried)
+            + ", ".join(found.untried)
         )
     return lines
+
+
+def _held(trial: TrialRow) -> str:
+    """``good in trial 8, 56.3 Ktok/s`` (with its crashes, or its clean runs)."""
+    figure = f", {format_ktok(trial.median)} Ktok/s" if trial.median is not None else ""
+    crash = f", crashed {trial.crashes} of {trial.runs}" if trial.crashes else ""
+    clean = f", 0 of {trial.runs} crashed" if trial.runs > 1 and not crash else ""
+    verdict = "not judged" if trial.verdict is TrialVerdict.UNJUDGED else str(trial.verdict)
+    return f"{verdict} in trial {trial.index}{figure}{crash}{clean}"

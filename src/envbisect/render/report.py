@@ -252,14 +252,19 @@ def _python_of(result: RunResult) -> str:
 
 
 def _not_causes(result: RunResult) -> dict[str, Any]:
-    cleared, untried = result.not_causes()
+    found = result.not_causes()
     return {
         "not_causes": [
             {"unit": u, "good_trial": t.index, "median_tok_per_s": t.median}
-            for t, units in cleared
+            for t, units in found.cleared
             for u in units
         ],
-        "not_judged_apart": list(untried),
+        "not_settled": [
+            {"unit": u, "trial": t.index, "verdict": str(t.verdict), "median_tok_per_s": t.median}
+            for t, units in found.unsettled
+            for u in units
+        ],
+        "not_judged_apart": list(found.untried),
     }
 
 

@@ -258,34 +258,45 @@ class RunResult:
     def exit_code(self) -> int:
         return 0 if self.outcome == RunOutcome.FOUND and self.culprits else 1
 
-    def not_causes(self) -> tuple[tuple[tuple[TrialRow, tuple[str, ...]], ...], tuple[str, ...]]:
-        """The other units, once culprits are found: those a good trial held without any
-        culprit, each with the smallest such trial (grouped by it, in trial order), and
-        those no such trial held (judged only beside a culprit)."""
+    def not_causes(self) -> NotCauses:
+        """The other units, once culprits are found (see ``NotCauses``)."""
         if not self.culprits:
-            return (), ()
+            return NotCauses()
         guilty = {u for c in self.culprits for u in (c.unit.id, *c.together_with)}
         units = {t.index: {unit_of(a) for a in t.applied} for t in self.trials}
         seen = dict.fromkeys(unit_of(a) for t in self.trials for a in t.applied)
-        clean = [
-            t
-            for t in self.trials
-            if t.verdict == TrialVerdict.GOOD and units[t.index] and not guilty & units[t.index]
-        ]
-        by_trial: dict[int, list[str]] = {}
+        apart = [t for t in self.trials if units[t.index] and not guilty & units[t.index]]
+        good: dict[int, list[str]] = {}
+        other: dict[int, list[str]] = {}
         untried = []
         for unit in seen:
             if unit in guilty or unit in self.blocked:
                 continue
-            held = [t for t in clean if unit in units[t.index]]
+            held = [t for t in apart if unit in units[t.index]]
+            cleared = [t for t in held if t.verdict == TrialVerdict.GOOD]
             if held:
-                best = min(held, key=lambda t: (len(t.applied), t.index))
-                by_trial.setdefault(best.index, []).append(unit)
+                best = min(cleared or held, key=lambda t: (len(t.applied), t.index))
+                (good if cleared else other).setdefault(best.index, []).append(unit)
             else:
                 untried.append(unit)
         rows = {t.index: t for t in self.trials}
-        cleared = tuple((rows[i], tuple(sorted(by_trial[i]))) for i in sorted(by_trial))
-        return cleared, tuple(sorted(untried))
+        return NotCauses(
+            tuple((rows[i], tuple(sorted(good[i]))) for i in sorted(good)),
+            tuple((rows[i], tuple(sorted(other[i]))) for i in sorted(other)),
+            tuple(sorted(untried)),
+        )
+
+
+@dataclass(frozen=True)
+class NotCauses:
+    """The units beside the culprits. ``cleared``: those a good trial held without any
+    culprit, grouped by the smallest such trial, in trial order. ``unsettled``: those held
+    without a culprit only by trials not judged good (unresolved, say), grouped the same
+    way. ``untried``: those no trial held without a culprit (judged only beside one)."""
+
+    cleared: tuple[tuple[TrialRow, tuple[str, ...]], ...] = ()
+    unsettled: tuple[tuple[TrialRow, tuple[str, ...]], ...] = ()
+    untried: tuple[str, ...] = ()
 
 
 def unit_of(applied: str) -> str:
