@@ -105,3 +105,29 @@ def test_measuring_again_sets_the_loaded_samples_aside() -> None:
     assert w.scheduler.measure_again(rec, endpoint=False) is Verdict.BAD
     assert len(rec.set_aside) == 2 and len(rec.samples) == 3 and not any(rec.contended)
     assert "measuring it again before relying on it" in w.messages()[-2]
+
+
+def test_a_state_whose_process_gives_every_sample_at_once_gets_more_processes() -> None:
+    """Found as a user (session 7, one core kept busy): each process of a script printing
+    one figure gave 20 samples from its timed steps (±50% apart under load); the bad
+    endpoint sat inside the noise band, the cap of 9 samples was already passed, and the run
+    ended "within the noise after 20 samples" with one process a state."""
+    spread = [0.5 + i / 19 for i in range(20)]  # 0.5x .. 1.5x, median 1.0x
+    speeds = {State.of(()): 12_800.0, State.of(UNITS): 4_000.0}
+
+    def bulk(state: State, n: int) -> Outcome:
+        speed = speeds.get(state, 7_160.0)  # the middle state: at the threshold
+        return Outcome(samples=tuple(speed * f for f in spread))
+
+    w = wire(UNITS, bulk, max_samples=9)
+    judged_endpoints(w)
+    w.scheduler.measure(State.of(("a", "b")), "isolate")
+    rec = w.cache[State.of(("a", "b"))]
+    assert rec.runs == 3 and len(rec.samples) == 60
+    more = [e.message for e in w.events if e.kind is EventKind.MORE_SAMPLES]
+    assert more == [
+        f"trial {rec.index}: one more process (its median is within the noise of the "
+        f"threshold after {n} process(es))"
+        for n in (1, 2)
+    ]
+    assert w.cache[State.of(())].runs == 1  # a state the first process settled takes no more

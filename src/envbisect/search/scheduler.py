@@ -13,8 +13,11 @@ from envbisect.search.result import EventKind, Trial
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import State
 from envbisect.search.threshold import Threshold
-from envbisect.search.verdict import Verdict, median
+from envbisect.search.verdict import Judge, Verdict, median
 from envbisect.search.wording import Reason, Say, say
+
+# Processes a state inside the noise band may take when each gives ``max_samples`` or more.
+BULK_PROCESSES = 3
 
 
 class Scheduler:
@@ -59,7 +62,7 @@ class Scheduler:
     def sample(self, rec: Record) -> None:
         """More samples of ``rec`` while it sits inside the noise band; then cleared of
         crashes."""
-        while not rec.failure and self.threshold.judge().needs_more(rec.samples, self.max_samples):
+        while self.wants_more(rec, self.threshold.judge()):
             self.more(rec)
         self.crashes.clear(rec)
 
@@ -82,7 +85,22 @@ class Scheduler:
         """Start distinct, unmeasured states, one after the other (no speculation)."""
         return [self.start(state, purpose, n) for state, purpose in requests]
 
+    def wants_more(self, rec: Record, judge: Judge) -> bool:
+        """True while ``rec`` (not failed) sits inside the noise band below the sample cap;
+        a state whose processes each gave the cap's worth (a probe's timed steps, a log's
+        lines) gets another process, up to ``BULK_PROCESSES``: its steps' spread alone
+        cannot settle it, nor tell one process's figure from the next."""
+        if rec.failure:
+            return False
+        cap = self.max_samples
+        if len(rec.samples) >= cap and rec.runs < BULK_PROCESSES:
+            cap = len(rec.samples) + 1
+        return judge.needs_more(rec.samples, cap)
+
     def _more_reason(self, rec: Record) -> tuple[Reason, int]:
+        if len(rec.samples) >= self.max_samples:
+            # Two asked, so that the process gives its steps, not its figure alone.
+            return say(Say.ANOTHER_PROCESS, index=rec.index, runs=rec.runs), 2
         n = min(2, self.max_samples - len(rec.samples))
         return say(Say.MORE_SAMPLES, index=rec.index, n=n), n
 
@@ -121,9 +139,7 @@ class Scheduler:
         verdicts on the samples they have."""
         while sample:
             judge = self.threshold.judge()
-            more = [
-                r for r in recs if not r.failure and judge.needs_more(r.samples, self.max_samples)
-            ]
+            more = [r for r in recs if self.wants_more(r, judge)]
             if not more:
                 break
             self.more_many(more)

@@ -21,6 +21,7 @@ class Say(str, Enum):
     # progress
     TRIAL_STARTED = "trial-started"
     MORE_SAMPLES = "more-samples"
+    ANOTHER_PROCESS = "another-process"
     TRIAL_FINISHED = "trial-finished"
     CRASH_ESTIMATE = "crash-estimate"
     CRASH_REGIME = "crash-regime"
@@ -174,6 +175,10 @@ SENTENCES: dict[Say, Callable[..., str]] = {
         f"trial {index}: {state.describe()} ({purpose})"
     ),
     Say.MORE_SAMPLES: lambda index, n: f"trial {index}: {n} more sample(s)",
+    Say.ANOTHER_PROCESS: lambda index, runs: (
+        f"trial {index}: one more process (its median is within the noise of the threshold "
+        f"after {runs} process(es))"
+    ),
     Say.TRIAL_FINISHED: _finished,
     Say.CRASH_ESTIMATE: lambda index, rate: (
         f"trial {index}: {rate.describe()}; one more run to estimate its crash rate"
