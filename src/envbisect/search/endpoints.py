@@ -92,7 +92,7 @@ class Endpoints:
         slower, by less than ``FAR_APART`` (a failed one is judged by its failure)."""
         if good.failure or bad.failure or not good.samples or not bad.samples:
             return
-        if len(good.samples) >= self.scheduler.max_samples:
+        if len(good.samples) >= self.scheduler.cap(good):
             return
         g, b = median(good.samples), median(bad.samples)
         if b < g < FAR_APART * b:  # a full set no slower is not reproduced, whatever the noise
@@ -135,8 +135,9 @@ class Endpoints:
                 growable = [good, bad] if self.threshold.loose(good, bad) else []
             else:
                 growable = [r for r, v in ((good, gv), (bad, bv)) if v is Verdict.UNRESOLVED]
-            limit = self.scheduler.max_samples
-            growable = [r for r in growable if not r.failure and len(r.samples) < limit]
+            growable = [
+                r for r in growable if not r.failure and len(r.samples) < self.scheduler.cap(r)
+            ]
             if not growable:
                 return gv, bv
             self.scheduler.more_many(growable)

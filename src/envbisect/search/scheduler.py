@@ -62,7 +62,7 @@ class Scheduler:
     def sample(self, rec: Record) -> None:
         """More samples of ``rec`` while it sits inside the noise band; then cleared of
         crashes."""
-        while self.wants_more(rec, self.threshold.judge()):
+        while not rec.failure and self.wants_more(rec, self.threshold.judge()):
             self.more(rec)
         self.crashes.clear(rec)
 
@@ -86,16 +86,17 @@ class Scheduler:
         return [self.start(state, purpose, n) for state, purpose in requests]
 
     def wants_more(self, rec: Record, judge: Judge) -> bool:
-        """True while ``rec`` (not failed) sits inside the noise band below the sample cap;
-        a state whose processes each gave the cap's worth (a probe's timed steps, a log's
-        lines) gets another process, up to ``BULK_PROCESSES``: its steps' spread alone
-        cannot settle it, nor tell one process's figure from the next."""
-        if rec.failure:
-            return False
-        cap = self.max_samples
-        if len(rec.samples) >= cap and rec.runs < BULK_PROCESSES:
-            cap = len(rec.samples) + 1
-        return judge.needs_more(rec.samples, cap)
+        """True while ``rec`` (not failed) sits inside the noise band below its cap."""
+        return not rec.failure and judge.needs_more(rec.samples, self.cap(rec))
+
+    def cap(self, rec: Record) -> int:
+        """The samples ``rec`` may grow to: ``max_samples``; or, where its processes each
+        gave that many (a probe's timed steps, a log's lines), one process more, up to
+        ``BULK_PROCESSES``: one process's spread alone cannot settle a state, nor tell its
+        figure from the next process's."""
+        if len(rec.samples) >= self.max_samples and rec.runs < BULK_PROCESSES:
+            return len(rec.samples) + 1
+        return self.max_samples
 
     def _more_reason(self, rec: Record) -> tuple[Reason, int]:
         if len(rec.samples) >= self.max_samples:
