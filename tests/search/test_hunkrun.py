@@ -203,3 +203,23 @@ def test_the_report_section_shows_the_hunk_and_marks_the_others_cleared() -> Non
     assert "```diff\n@@ -3,1 +3,1 @@\n-c\n+C\n```" in text
     assert "@@ -1,1 +1,1 @@ cleared\n-a\n+A" in text
     assert "trials 5 (without it) and 9 (with it)" in text
+
+
+def test_a_hunk_state_whose_process_gives_every_sample_at_once_gets_more_processes() -> None:
+    """As the engine's trials (``verdict.sample_cap``): a process giving 20 samples passes
+    the cap of 9 at once, and a state inside the noise band takes up to 3 processes."""
+    from envbisect.search.hunkrun import Measure
+    from envbisect.search.verdict import Judge, Noise
+
+    asked: list[int] = []
+
+    def bulk(state: State, n: int) -> Outcome:
+        asked.append(n)
+        return Outcome(tuple(5000.0 * (0.5 + i / 19) for i in range(20)))
+
+    lines: list[str] = []
+    judge = Judge(threshold=5000.0, noise=Noise(sigma=0.3, dof=20))
+    measure = Measure(bulk, judge, HunkSettings(), lines.append, lambda s: 1)
+    assert measure(State.of((UNIT,)), (1,), PURPOSE) is Verdict.UNRESOLVED
+    assert asked == [3, 2, 2]  # two asked past the cap: a process asked for one gives its figure
+    assert lines[-1] == "trial 1: unresolved (median 5.0 Ktok/s of 60 samples)"

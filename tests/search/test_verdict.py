@@ -93,3 +93,12 @@ def test_default_threshold_is_the_geometric_mean_with_its_error() -> None:
     assert thr == pytest.approx(6000.0)
     _, se9 = default_threshold([12000.0] * 9, [3000.0] * 9, noise)
     assert se > se9 > 0
+
+
+def test_the_sample_cap_grows_by_a_process_where_each_gave_the_caps_worth() -> None:
+    from envbisect.search.verdict import BULK_PROCESSES, more_wanted, sample_cap
+
+    assert sample_cap(3, 1, 9) == 9 and sample_cap(8, 4, 9) == 9  # below the cap: the cap
+    assert sample_cap(20, 1, 9) == 21 and sample_cap(40, 2, 9) == 41  # one process more
+    assert sample_cap(60, BULK_PROCESSES, 9) == 9  # and no more than that
+    assert [more_wanted(n, 9) for n in (3, 7, 8, 9, 20)] == [2, 2, 1, 2, 2]

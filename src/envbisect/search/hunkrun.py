@@ -30,7 +30,7 @@ from envbisect.model.metric import format_ktok
 from envbisect.search.narrow import HunkIsolation, isolate_hunks
 from envbisect.search.result import Narrowed, SearchOutcome, SearchResult
 from envbisect.search.state import Outcome, State
-from envbisect.search.verdict import Judge, Noise, Verdict, median
+from envbisect.search.verdict import Judge, Noise, Verdict, median, more_wanted, sample_cap
 from envbisect.sections.git import GitEntry
 
 PURPOSE = "narrow: hunks of "
@@ -90,11 +90,14 @@ class Measure:
             shown = f"hunk(s) {', '.join(map(str, applied)) or 'none'} of {self.of} applied"
         self.progress(f"{shown} ({purpose})")
         out = self.measure(state, self.s.repeats)
-        samples = list(out.samples)
+        samples, runs = list(out.samples), max(1, out.runs)
         failure = Failure.of(out.failure) if out.failure else None
-        while failure is None and self.judge.needs_more(samples, self.s.max_samples):
-            more = self.measure(state, min(2, self.s.max_samples - len(samples)))
+        while failure is None and self.judge.needs_more(
+            samples, sample_cap(len(samples), runs, self.s.max_samples)
+        ):
+            more = self.measure(state, more_wanted(len(samples), self.s.max_samples))
             samples += more.samples
+            runs += max(1, more.runs)
             failure = Failure.of(more.failure) if more.failure else None
         excuse = self.excuse(state, failure) if failure and self.excuse is not None else None
         if out.untestable:

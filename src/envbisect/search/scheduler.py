@@ -13,11 +13,8 @@ from envbisect.search.result import EventKind, Trial
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import State
 from envbisect.search.threshold import Threshold
-from envbisect.search.verdict import Judge, Verdict, median
+from envbisect.search.verdict import Judge, Verdict, median, more_wanted, sample_cap
 from envbisect.search.wording import Reason, Say, say
-
-# Processes a state inside the noise band may take when each gives ``max_samples`` or more.
-BULK_PROCESSES = 3
 
 
 class Scheduler:
@@ -90,19 +87,13 @@ class Scheduler:
         return not rec.failure and judge.needs_more(rec.samples, self.cap(rec))
 
     def cap(self, rec: Record) -> int:
-        """The samples ``rec`` may grow to: ``max_samples``; or, where its processes each
-        gave that many (a probe's timed steps, a log's lines), one process more, up to
-        ``BULK_PROCESSES``: one process's spread alone cannot settle a state, nor tell its
-        figure from the next process's."""
-        if len(rec.samples) >= self.max_samples and rec.runs < BULK_PROCESSES:
-            return len(rec.samples) + 1
-        return self.max_samples
+        """The samples ``rec`` may grow to (``verdict.sample_cap``)."""
+        return sample_cap(len(rec.samples), rec.runs, self.max_samples)
 
     def _more_reason(self, rec: Record) -> tuple[Reason, int]:
+        n = more_wanted(len(rec.samples), self.max_samples)
         if len(rec.samples) >= self.max_samples:
-            # Two asked, so that the process gives its steps, not its figure alone.
-            return say(Say.ANOTHER_PROCESS, index=rec.index, runs=rec.runs), 2
-        n = min(2, self.max_samples - len(rec.samples))
+            return say(Say.ANOTHER_PROCESS, index=rec.index, runs=rec.runs), n
         return say(Say.MORE_SAMPLES, index=rec.index, n=n), n
 
     def more(self, rec: Record) -> None:

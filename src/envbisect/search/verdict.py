@@ -153,6 +153,27 @@ class Judge:
         return len(samples) < cap and self.verdict(samples) is Verdict.UNRESOLVED
 
 
+# Processes a state inside the noise band may take when each gives the sample cap's worth.
+BULK_PROCESSES = 3
+
+
+def sample_cap(samples: int, runs: int, max_samples: int) -> int:
+    """The samples a state may grow to: ``max_samples``; or, where its ``runs`` processes
+    each gave that many (a probe's timed steps, a log's lines), one process more, up to
+    ``BULK_PROCESSES``: one process's spread alone cannot settle a state, nor tell its
+    figure from the next process's (found as a user: "within the noise after 20 samples",
+    one process a state)."""
+    if samples >= max_samples and runs < BULK_PROCESSES:
+        return samples + 1
+    return max_samples
+
+
+def more_wanted(samples: int, max_samples: int) -> int:
+    """How many samples the next call asks for: up to two below the cap; two past it (a
+    process asked for one gives its figure alone, not its steps)."""
+    return min(2, max_samples - samples) if samples < max_samples else 2
+
+
 def default_threshold(
     good: Sequence[float], bad: Sequence[float], noise: Noise
 ) -> tuple[float, float]:
