@@ -158,11 +158,11 @@ BULK_PROCESSES = 3
 
 
 def sample_cap(samples: int, runs: int, max_samples: int) -> int:
-    """The samples a state may grow to: ``max_samples``; or, where its ``runs`` processes
-    each gave that many (a probe's timed steps, a log's lines), one process more, up to
-    ``BULK_PROCESSES``: one process's spread alone cannot settle a state, nor tell its
-    figure from the next process's (found as a user: "within the noise after 20 samples",
-    one process a state)."""
+    """The samples a state may grow to: ``max_samples``; or, once its ``runs`` processes
+    gave that many between them (a probe's timed steps, a log's lines: several a process),
+    one process more, up to ``BULK_PROCESSES`` in all: one process's spread alone cannot
+    settle a state, nor tell its figure from the next process's (found as a user: "within
+    the noise after 20 samples", one process a state)."""
     if samples >= max_samples and runs < BULK_PROCESSES:
         return samples + 1
     return max_samples
