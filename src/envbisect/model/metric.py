@@ -323,7 +323,7 @@ def measure(
             if spec
             else ("no ENVBISECT_RESULT (file, line or frame); use --metric-regex for a log line")
         )
-        figure = suggested_regex(_text(stdout, stderr))
+        figure = suggested_regex(_text(stdout, stderr, tail=65536))
         if figure is not None:
             how += f"; {FIGURE_SEEN}, read with --metric-regex {figure}"
         return Measurement(None, _no_metric(how), None)
@@ -354,18 +354,15 @@ def suggested_regex(text: str) -> str | None:
     return None
 
 
-def _text(stdout: bytes, stderr: bytes) -> str:
-    return (
-        stdout[-65536:].decode("utf-8", "replace")
-        + "\n"
-        + stderr[-65536:].decode("utf-8", "replace")
-    )
+def _text(stdout: bytes, stderr: bytes, tail: int | None = None) -> str:
+    """A run's stdout then its stderr, as text (``tail``: each one's last bytes only)."""
+    out, err = (stdout, stderr) if tail is None else (stdout[-tail:], stderr[-tail:])
+    return out.decode("utf-8", "replace") + "\n" + err.decode("utf-8", "replace")
 
 
 def _from_log(spec: MetricSpec, stdout: bytes, stderr: bytes) -> Measurement | None:
     """The samples of a log's matched lines (see ``MetricSpec.samples``), or None."""
-    text = stdout.decode("utf-8", "replace") + "\n" + stderr.decode("utf-8", "replace")
-    values = spec.samples(text)
+    values = spec.samples(_text(stdout, stderr))
     if not values:
         return None
     bad = next((v for v in values if not math.isfinite(v)), None)
