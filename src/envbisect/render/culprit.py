@@ -127,14 +127,13 @@ def not_cause_lines(result: RunResult) -> list[str]:
     judged only beside a culprit."""
     found = result.not_causes()
     lines = []
-    if found.cleared:
-        parts = [f"{', '.join(units)} ({_held(trial)})" for trial, units in found.cleared]
-        lines.append("Not causes (a trial with them and without the culprits was good): "
-                     + "; ".join(parts))  # fmt: skip
-    if found.unsettled:
-        parts = [f"{', '.join(units)} ({_held(trial)})" for trial, units in found.unsettled]
-        lines.append("Not cleared (without the culprits only in trials not judged good): "
-                     + "; ".join(parts))  # fmt: skip
+    for title, groups in (
+        ("Not causes (a trial with them and without the culprits was good)", found.cleared),
+        ("Not cleared (without the culprits only in trials not judged good)", found.unsettled),
+    ):
+        if groups:
+            parts = [f"{', '.join(units)} ({_held(trial)})" for trial, units in groups]
+            lines.append(f"{title}: " + "; ".join(parts))
     if found.untried:
         lines.append(
             "Not judged apart from a culprit (no trial held them without one): "
