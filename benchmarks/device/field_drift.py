@@ -8,7 +8,9 @@ cleared, the dataset grown to 11,000 prompts with new, longer lengths, the field
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``. The command runs three training
 threads that compile at once: the built-in drafter in the race configuration (default), or
 ``--own``: a user's own threaded script (``field/train_threads.py``, flex attention
-compiled, masks built per batch with ``create_block_mask(_compile=True)``).
+compiled, masks built per batch with ``create_block_mask(_compile=True)``). Its style
+``buckets`` (``--warmup-main --eager-backward``) gives the good data three length buckets,
+so that its threads compile while others train: the race then needs an empty cache.
 
 Expected: the cleared cache named with its crash rate (threads compiling at once on an
 empty cache) and the grown data (recompiles for the new shapes: slow, and crashing now and
@@ -56,6 +58,12 @@ OLD_LEN = 1024
 # field's had 1.1M). A short cycle of a few lengths (the first GPU run's 8) is compiled once
 # within the first timed window and runs warm after it, which no grown dataset does.
 NEW_LENS = tuple(range(768, 2049, 32))
+BUCKETS = (1024, 1536, 2048)  # the good data's lengths in the own script's "buckets" style
+STYLE_FLAGS = {
+    "warmup-main": ["--warmup-main"],
+    "eager-backward": ["--eager-backward"],
+    "buckets": ["--warmup-main", "--eager-backward"],
+}
 OWN_REGEX = r"throughput: ([0-9.]+) tok/s"
 
 
@@ -67,16 +75,17 @@ def command(py: str, own: str, threads: int) -> list[str]:
         # (warm cache; see train_threads.py): no user trains like that. --warmup-main
         # compiles once in the main thread first; --eager-backward lets the threads compile
         # at once, each backward compiled with its forward.
+        # "buckets": both, on good data of three lengths (write_data).
         return [py, "repo/train_threads.py", "--data", "data/prompts.jsonl",
-                "--threads", str(threads), f"--{own}"]  # fmt: skip
+                "--threads", str(threads), *STYLE_FLAGS[own]]  # fmt: skip
     return [
         py, "-m", "envbisect.agent.drafter", *RACE, "--drafter-threads", str(threads),
         "--data", "data/prompts.jsonl", "--patch-module", "repo/dflash_model.py",
     ]  # fmt: skip
 
 
-def write_data(path: Path, count: int, grown: bool) -> None:
-    lengths = [OLD_LEN] * count
+def write_data(path: Path, count: int, grown: bool, buckets: bool = False) -> None:
+    lengths = [BUCKETS[i % len(BUCKETS)] if buckets else OLD_LEN for i in range(count)]
     if grown:
         rng = random.Random(11)
         lengths = [OLD_LEN] * 4 + [rng.choice(NEW_LENS) for _ in range(count - 4)]
@@ -85,6 +94,7 @@ def write_data(path: Path, count: int, grown: bool) -> None:
 
 
 def setup(root: Path, py: str, own: str, workers: int) -> tuple[Path, dict[str, str]]:
+    """The workspace's good state: repo, data (in buckets for that style), config, env."""
     repo = root / "repo"
     shutil.copytree(FIXTURE / "repo", repo)
     shutil.copy(HERE / "field" / "train_threads.py", repo / "train_threads.py")
@@ -93,7 +103,7 @@ def setup(root: Path, py: str, own: str, workers: int) -> tuple[Path, dict[str, 
     _git(repo, "commit", "-q", "-m", "drafter training", when="2026-11-02T09:00:00Z")
     (root / "data").mkdir()
     (root / "manifests").mkdir()
-    write_data(root / "data" / "prompts.jsonl", 2000, grown=False)
+    write_data(root / "data" / "prompts.jsonl", 2000, grown=False, buckets=own == "buckets")
     config: dict = {
         "label": "field",
         "repos": ["repo"],
@@ -218,8 +228,9 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--own", action="store_true", help="the user's own threaded script")
     ap.add_argument(
-        "--own-style", choices=("warmup-main", "eager-backward"), default="warmup-main",
-        help="the own script's way past torch 2.11's compile deadlock (train_threads.py)",
+        "--own-style", choices=tuple(STYLE_FLAGS), default="warmup-main",
+        help="the own script's way past torch 2.11's compile deadlock (train_threads.py);"
+        " buckets: both flags, the good data in three length buckets",
     )  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1)
     # One: three slots on one card slowed each other (calibration refused 2 of 3, H100).

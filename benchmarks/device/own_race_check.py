@@ -8,6 +8,10 @@ empty cache and ``--runs`` on the warm one, each cut after ``--timeout`` seconds
 One JSON line per process: style, cache, outcome (ok / crash / hung), wall, the last line.
 
     python3 benchmarks/device/own_race_check.py OUTFILE [--styles a,b] [--runs 2] [--timeout 45]
+        [--lengths 1024,1536,2048]
+
+A style is a field_drift.py style (``buckets``: ``--warmup-main --eager-backward``); the
+dataset's prompts cycle through ``--lengths`` (default the buckets of that style).
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "field" / "train_threads.py"
+sys.path.insert(0, str(HERE))
+from field_drift import BUCKETS, STYLE_FLAGS  # noqa: E402 - the module beside us
 
 
 def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: float) -> dict:
@@ -31,7 +37,7 @@ def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: flo
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
     }
-    argv = [py, str(SCRIPT), "--data", str(data), "--threads", str(threads), f"--{style}"]
+    argv = [py, str(SCRIPT), "--data", str(data), "--threads", str(threads), *STYLE_FLAGS[style]]
     t = time.monotonic()
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -52,10 +58,10 @@ def main() -> int:
     ap.add_argument("--styles", default="eager-backward")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=45)
+    ap.add_argument("--lengths", default=None, help="the prompts' lengths, cycled")
     ns = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="envbisect-own-race-"))
     data = root / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "length": 1024}) + "\n" for i in range(2000)))
     try:
         with ns.out.open("a", encoding="utf-8") as fh:
 
@@ -66,6 +72,16 @@ def main() -> int:
                 fh.flush()
 
             for style in ns.styles.split(","):
+                if ns.lengths:
+                    lengths = [int(n) for n in ns.lengths.split(",")]
+                else:
+                    lengths = list(BUCKETS) if style == "buckets" else [1024]
+                data.write_text(
+                    "".join(
+                        json.dumps({"id": i, "length": lengths[i % len(lengths)]}) + "\n"
+                        for i in range(2000)
+                    )
+                )
                 warm = root / f"warm-{style}"
                 keep(style, "warm-maker", one(sys.executable, data, warm, style, 1, 3 * ns.timeout))
                 for i in range(ns.runs):

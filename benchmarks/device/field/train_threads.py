@@ -15,6 +15,12 @@ device thread compiles another thread's backward and waits on Dynamo's compile l
 ``--eager-backward``: the threads still compile at once, but each graph's backward is
 compiled with its forward (``torch._functorch.config.force_non_lazy_backward_lowering``),
 so the autograd engine's device thread never compiles, which the deadlock above needs.
+
+Both flags together, on a dataset whose prompts come in a few length buckets: the main
+thread compiles the first bucket, then each thread compiles the buckets it meets while the
+others already train. On a warm cache such a compile loads its graphs and never FX-traces;
+on an empty one it does, while another thread calls a compiled function: torch up to 2.13
+keeps "FX is tracing" in a module global, and that call raises.
 """
 
 from __future__ import annotations
