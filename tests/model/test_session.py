@@ -182,3 +182,29 @@ def test_the_default_session_folder_is_never_listed_by_git(tmp_path: Path) -> No
     other = Session.start(tmp_path / "elsewhere" / "s", {"good": "g", "bad": "b"})
     other.unlock()
     assert not (tmp_path / "elsewhere" / ".gitignore").exists()
+
+
+def test_a_run_that_ended_in_error_before_measuring_anything_is_replaced_without_fresh(
+    tmp_path: Path,
+) -> None:
+    """Found 8: a run that stopped on a usage mistake (the printed figure not read, no
+    --metric-regex) blocked the corrected run: "continue it with --resume or replace it
+    with --fresh", for a session that held no measurement at all."""
+    s = Session.start(tmp_path / "s", {"threshold": 1.0})
+    s.append(TrialRecord(1, "k1", (), (), (), "no metric", "trials/001", runs=1))
+    s.append(EndEvent("error", "trial 1: no metric in the output\nits output has ..."))
+    s.unlock()
+    again = Session.start(tmp_path / "s", {"threshold": 2.0})
+    assert again.replaced == (
+        f"{again.root}: the earlier run ended in error before measuring anything "
+        "(trial 1: no metric in the output); replaced"
+    )
+    assert again.trials() == [] and again.header()["threshold"] == 2.0
+    # one sample, or one crash, is a measurement: kept, and asked about
+    again.append(TrialRecord(1, "k1", (), (), (), "crash", "trials/001", runs=1, crashes=1))
+    again.append(EndEvent("error", "stopped"))
+    again.unlock()
+    with pytest.raises(SessionError, match=r"\(1 trials, ended error\); continue it with"):
+        Session.start(tmp_path / "s", {})
+    fresh = Session.start(tmp_path / "s", {}, fresh=True)
+    assert fresh.replaced is None and fresh.trials() == []

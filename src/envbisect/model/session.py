@@ -196,6 +196,20 @@ class Session:
             self.root / JOURNAL_NAME, self.root / "backups", session=str(self.root)
         )
         self._locked = False
+        self.replaced: str | None = None  # why the earlier session here was replaced
+
+    def replaceable(self) -> str | None:
+        """Why this finished session may be replaced without --fresh: it ended in error and
+        no process of it gave a sample or crashed. None when it holds a measurement."""
+        end = self.end_event()
+        if end is None or end.get("outcome") != "error" or not self.finished():
+            return None
+        if any(t.samples or t.crashes for t in self.trials()):
+            return None
+        first = str(end.get("message") or "").strip().splitlines()[:1]
+        said = f" ({first[0][:160]})" if first else ""
+        what = "the earlier run ended in error before measuring anything"
+        return f"{self.root}: {what}{said}; replaced"
 
     # -- opening -----------------------------------------------------------------------
 
@@ -203,13 +217,16 @@ class Session:
     def start(cls, root: Path, header: Mapping[str, Any], *, fresh: bool = False) -> Session:
         """A new session at ``root``. An earlier session there is kept unless ``fresh``
         (its history is the only record of what was measured): continue it with --resume
-        or replace it with --fresh. ``fresh`` restores and removes it first."""
+        or replace it with --fresh. ``fresh`` restores and removes it first. One that ended in
+        error before any process gave a sample (a usage mistake: no metric, a wrong path) has
+        nothing to lose and is replaced without asking; ``replaced`` then says so."""
         session = cls(root)
         if session.log_path.exists():
             holder = session.lock_holder()
             if holder is not None:
                 raise SessionError(f"{session.root}: in use by envbisect process {holder}")
-            if not fresh:
+            note = session.replaceable()
+            if not fresh and note is None:
                 n = len(session.trials())
                 end = session.end_event()
                 how = (
@@ -225,6 +242,7 @@ class Session:
             session.reset()
             shutil.rmtree(session.root)
             session = cls(root)
+            session.replaced = None if fresh else note
         session.root.mkdir(parents=True, exist_ok=True)
         _ignored_by_git(session.root.parent)
         session.lock()

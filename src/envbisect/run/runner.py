@@ -43,7 +43,7 @@ def run_bisect(options: RunOptions, progress: Progress = quiet) -> RunResult:
     """The whole of ``envbisect run``: endpoints, search, culprit; the machine left as it was."""
     from envbisect.diff import diff_manifests
 
-    session = _open_session(options)
+    session = _open_session(options, progress)
     try:
         good, bad, bad_path = load_states(options, session.root, progress)
     except BaseException as exc:
@@ -180,7 +180,7 @@ def _check_sources(
     )
 
 
-def _open_session(options: RunOptions) -> Session:
+def _open_session(options: RunOptions, progress: Progress) -> Session:
     """The session, resumed or started. Manifests given by path are checked before a session
     exists: a typo must not leave an unfinished session behind."""
     mf.load(options.good)
@@ -198,7 +198,10 @@ def _open_session(options: RunOptions) -> Session:
         "repeats": options.repeats,
         "on_crash": options.on_crash,
     }
-    return Session.start(options.session_dir, header, fresh=options.fresh)
+    session = Session.start(options.session_dir, header, fresh=options.fresh)
+    if session.replaced:
+        progress(f"note: {session.replaced}")
+    return session
 
 
 def _search(
