@@ -206,8 +206,10 @@ class Session:
             return None
         if any(t.samples or t.crashes for t in self.trials()):
             return None
-        first = str(end.get("message") or "").strip().splitlines()[:1]
-        said = f" ({first[0][:160]})" if first else ""
+        first = (str(end.get("message") or "").strip().splitlines() or [""])[0]
+        if len(first) > 120:
+            first = first[:119].rstrip(" ;:,") + "…"
+        said = f" ({first})" if first else ""
         what = "the earlier run ended in error before measuring anything"
         return f"{self.root}: {what}{said}; replaced"
 
