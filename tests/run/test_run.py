@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from envbisect.cli import cli
+from envbisect.model.errors import Interrupted
 from envbisect.model.session import Session
 from tests.helpers_run import Scenario, pkg
 
@@ -301,6 +303,34 @@ def test_interrupt_mid_trial_restores_everything_then_resume_finishes(
     doc = json.loads((tmp_path / "result.json").read_text())
     assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert sc.fingerprint() == before
+
+
+def test_an_interrupt_whose_exception_was_lost_still_stops_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in CI: Ctrl-C mid-trial, and the run went on to exit 0. Python raises the
+    signal's exception at the main thread's next bytecode; when that is a finalizer's, the
+    exception is printed as "Exception ignored" and lost. The latch the signal also sets
+    stops the run at the trial's next process: here it is set, and no exception raised."""
+    from envbisect.run import interrupt
+
+    sc = _env_culprit_scenario(tmp_path)
+    monkeypatch.setenv("EB_TOKENS", "20000")  # trials long enough to be caught mid-way
+    before = sc.fingerprint()
+
+    def lose_one() -> None:  # a signal whose exception went to a finalizer
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if _swap_open(sc):
+                interrupt.LATCH.set()
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=lose_one, daemon=True).start()
+    with pytest.raises(Interrupted, match="interrupted; files restored, session saved"):
+        _run_cli(sc)
+    assert sc.fingerprint() == before
+    assert not Session(tmp_path / "session").finished()  # resumable, not ended
 
 
 def test_kill_9_then_resume_repeats_no_finished_trial(tmp_path: Path) -> None:

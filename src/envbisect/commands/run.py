@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -38,11 +36,6 @@ if TYPE_CHECKING:
     from envbisect.run.result import RunResult
     from envbisect.snapshot.reconstruct import Reconstruction
     from envbisect.transport import Transport
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    # SIGTERM/SIGHUP take the same path as Ctrl-C: files restored, session saved, exit 130.
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
@@ -456,15 +449,13 @@ def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path | Non
 
 
 def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
-    """``run_bisect`` with SIGTERM and SIGHUP taking Ctrl-C's path."""
+    """``run_bisect`` with Ctrl-C, SIGTERM and SIGHUP latched (``run.interrupt``): each takes
+    the path of an interrupt, files restored, session saved, exit 130."""
+    from envbisect.run.interrupt import latched
     from envbisect.run.runner import run_bisect
 
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with latched():
         return run_bisect(options, say)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _write_outputs(result: RunResult, json_path: str | None, report_path: str | None) -> None:

@@ -26,7 +26,7 @@ from envbisect.model.session import Session, state_key
 from envbisect.model.steps import describe_timing
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
-from envbisect.run import cmdcheck, contention, probed, together
+from envbisect.run import cmdcheck, contention, interrupt, probed, together
 from envbisect.run.compilecache import CacheUse, CompileCaches, with_cache
 from envbisect.run.launch import (
     RunLog,
@@ -92,7 +92,7 @@ class TrialWork:
         return self.worker.name if self.worker is not None else None
 
     def cancelled(self) -> bool:
-        return self.cancel is not None and self.cancel.is_set()
+        return interrupt.pending() or (self.cancel is not None and self.cancel.is_set())
 
     def outcome(self) -> Outcome:
         """What the engine (or calibration, which reads samples and failure) is told."""
