@@ -61,7 +61,11 @@ class Scheduler:
         crashes."""
         while not rec.failure and self.wants_more(rec, self.threshold.judge()):
             self.more(rec)
-        self.crashes.clear(rec)
+        self.crashes.clear(rec, slow=self.slow(rec))
+
+    def slow(self, rec: Record) -> bool:
+        """Whether ``rec``'s samples alone judge it bad (below the threshold, past the noise)."""
+        return bool(rec.samples) and self.threshold.decide(rec) is Verdict.BAD
 
     def measure_many(self, requests: Sequence[tuple[State, str]]) -> list[Verdict]:
         """Verdicts on several states."""
@@ -136,7 +140,7 @@ class Scheduler:
                 break
             self.more_many(more)
         for rec in recs:
-            self.crashes.clear(rec)
+            self.crashes.clear(rec, slow=self.slow(rec))
             self.finish(rec)
 
     def settle_speculated(self, reproduced: bool) -> None:
@@ -185,6 +189,10 @@ class ParallelScheduler(Scheduler):
             cache, threshold, crashes, budget, repeats=repeats, max_samples=max_samples
         )
         self.workers = workers
+
+    def slow(self, rec: Record) -> bool:
+        """Whether ``rec``'s samples alone judge it bad (below the threshold, past the noise)."""
+        return bool(rec.samples) and self.threshold.decide(rec) is Verdict.BAD
 
     def measure_many(self, requests: Sequence[tuple[State, str]]) -> list[Verdict]:
         """Verdicts on several states, the unmeasured ones measured together (one round per
