@@ -137,7 +137,8 @@ def test_the_bad_state_plan_has_every_part() -> None:
     assert plan.env["TORCHINDUCTOR_CACHE_DIR"] == "/sb/session/trials/007/caches/inductor"
     # data: the bad state's data is where it is (no rewrite), named in the environment.
     assert plan.env["ENVBISECT_DATA_0"] == DATA
-    assert plan.path_map == ((REPO, worktree),)
+    # ... mapped to itself, so that a dataset inside a repo is never the worktree's copy
+    assert plan.path_map == ((REPO, worktree), (DATA, DATA))
 
 
 def test_the_good_state_plan_uses_the_target_and_the_mapped_data() -> None:

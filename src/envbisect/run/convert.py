@@ -223,11 +223,13 @@ def _failed_confirmation(
     speed. None when every culprit's confirmation ran."""
     full = frozenset(u for t in result.trials for u in t.state.applied)
     by_state = {t.state.applied: t for t in result.trials if not t.state.positions}
-    for c in culprits:
-        units = frozenset([c.unit.id, *c.together_with])
+    named = [frozenset([c.unit.id, *c.together_with]) for c in culprits]
+    for units in named:
         without = by_state.get(full - units)
         if without is None or not without.failure or not (full - units):
             continue
+        if any(other <= full - units for other in named if other != units):
+            continue  # --find-all: another named culprit is in it, and fails it
         return (
             f"{' + '.join(sorted(units))} looked guilty, but the confirmation with everything "
             f"but it (trial {trial_number(without, numbers)}) failed ({without.failure}): "

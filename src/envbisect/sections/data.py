@@ -69,7 +69,10 @@ class DataRealizer:
             use = key
             if source is ctx.good and key in ctx.data_map:
                 use = ctx.data_map[key]
-                path_map.append((key, use))
+            # Always mapped, to itself where the live file is the state's: a dataset inside a
+            # bisected repo must not become the worktree's committed copy (the longest prefix
+            # wins over the repo's), which every state would then read alike.
+            path_map.append((key, use))
             if key in data_keys:
                 env[f"ENVBISECT_DATA_{data_keys.index(key)}"] = use
         return replace(plan, path_map=plan.path_map + tuple(path_map)).with_env(env)
