@@ -161,3 +161,22 @@ def test_a_shell_cd_above_a_repo_is_found_and_one_into_it_is_not() -> None:
     assert live_cd(["bash", "-c", "cd /elsewhere && python t.py"], roots) is None
     assert live_cd(["python", "train.py"], roots) is None
     assert live_cd(["bash", "-c", "cd 'unbalanced"], roots) is None
+
+
+def test_on_a_target_a_dataset_inside_the_repo_is_the_states_own() -> None:
+    """Found as a user through --via ssh to 127.0.0.1: ``python train.py --data
+    data/x.jsonl``, typed relative to the repo as the README says for targets, ran the
+    worktree's committed dataset in every state, so the grown data "does not reproduce".
+    Nothing on this machine is looked at: the target's files are not here."""
+    repo, wt = "/far/ws/repo", "/far/home/.envbisect/s/worktrees/repo-abc"
+    data, old = f"{repo}/data/x.jsonl", f"{repo}/data/x-v1.jsonl"
+    bad = PathMapper(((data, data), (repo, wt)), None, wt)
+    argv = ["python", "train.py", "--data", "data/x.jsonl", "--lr", "0.1", "--out=data/o"]
+    assert bad.argv(argv) == [
+        "python", "train.py", "--data", data, "--lr", "0.1", "--out=data/o",
+    ]  # fmt: skip
+    good = PathMapper(((data, old), (repo, wt)), None, wt)
+    assert good.argv(["python", "train.py", "--data=data/x.jsonl"])[2] == f"--data={old}"
+    # no worktree (the repo is not bisected): the command's cwd is no copy, words stay
+    plain = PathMapper(((data, old),), None, "/far/home")
+    assert plain.argv(["python", "train.py", "--data", "data/x.jsonl"])[3] == "data/x.jsonl"

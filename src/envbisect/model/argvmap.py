@@ -20,7 +20,10 @@ in. :class:`PathMapper` rewrites it so that it runs the same program in every st
   then run the module as ``-m`` would (``runpy._run_module_as_main``: ``__main__``,
   ``sys.argv[0]`` the module's file, the cwd first on ``sys.path``);
 - a bare ``python``/``python3``/``python3.12`` as the program is the state's interpreter,
-  never whatever ``python`` comes first on PATH.
+  never whatever ``python`` comes first on PATH;
+- on a target (no ``origin``: the command runs in the repo's worktree there), a relative
+  word stays as typed unless the map moves the live path it names somewhere other than the
+  worktree's copy (a ``data:`` file inside the repo): then it names that path.
 
 A relative word that names nothing on disk (``0.1``, ``train``) is never touched: a word is
 taken for a path only when it exists, or has a ``/`` and its parent exists. Pure functions
@@ -66,14 +69,37 @@ class PathMapper:
             return word
         if word.startswith("/"):
             return self.mapped(word) or self.mapped(posixpath.normpath(word)) or word
-        if self.origin is None or "://" in word:
+        if "://" in word:
             return word
+        if self.origin is None:
+            return self._relative_on_target(word)
         live = posixpath.normpath(posixpath.join(self.origin, word))
         if must_exist and not _looks_like_path(word, live):
             return word
         want = self.mapped(live) or live
         here = posixpath.normpath(posixpath.join(self.cwd or self.origin, word))
         return word if here == want else want
+
+    def _relative_on_target(self, word: str) -> str:
+        """A relative word of a command that runs on a target, in a worktree (``cwd``): as
+        typed, unless the live path it names from the live repo is mapped elsewhere than
+        the worktree's copy (a dataset inside the repo), then that path. Only the map is
+        consulted: this machine's files say nothing about the target's."""
+        live_cwd = self.live(self.cwd) if self.cwd else None
+        if live_cwd is None or self.cwd is None:
+            return word
+        want = self.mapped(posixpath.normpath(posixpath.join(live_cwd, word)))
+        here = posixpath.normpath(posixpath.join(self.cwd, word))
+        return word if want is None or want == here else want
+
+    def live(self, copy: str) -> str | None:
+        """The live path whose state's copy is ``copy`` (a worktree path back to its repo's),
+        or None when no entry moved a tree there."""
+        for old, new in self.path_map:
+            new = new.rstrip("/") or "/"
+            if old != new and (copy == new or copy.startswith(new + "/")):
+                return (old.rstrip("/") or "/") + copy[len(new) :]
+        return None
 
     def word(self, word: str) -> str:
         """One argv word: a path, or ``--opt=path``."""
