@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 import yaml
+from helpers_ssh import (  # the same module object as test_transport_ssh's: one sshd
+    SshServer,
+    sshd_server,  # noqa: F401 - a pytest fixture, used by name
+)
 
 from tests.helpers_run import commit_all, git, init_repo
 from tests.helpers_user_repo import envbisect
@@ -63,12 +67,16 @@ def _world(tmp_path: Path, **bad_env: str) -> Path:
     return ws
 
 
-def _run(ws: Path, *flags: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
+def _run(
+    ws: Path,
+    *flags: str,
+    env: dict[str, str] | None = None,
+    command: tuple[str, ...] = ("python", "repo/train.py", "--data", "repo/data/x.jsonl"),
+) -> tuple[dict, str]:
     res = envbisect(
         ws, "run", "--python", sys.executable, "--good", "manifests/g.yaml",
         "--bad", "manifests/b.yaml", "--until", "60%", "--json", "-", *flags,
-        "--metric-regex", r"throughput: ([0-9.]+) Ktok/s",
-        "--", "python", "repo/train.py", "--data", "repo/data/x.jsonl", env=env,
+        "--metric-regex", r"throughput: ([0-9.]+) Ktok/s", "--", *command, env=env,
     )  # fmt: skip
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -100,3 +108,19 @@ def test_find_all_names_a_slow_cause_whose_rest_crashes_of_another_named_cause(
     assert doc["outcome"] == "found", out
     units = sorted(c["unit"] for c in doc["culprits"])
     assert units == [f"data:{ws / 'repo' / 'data' / 'x.jsonl'}", "env:EB_CRASH"], out
+
+
+def test_through_ssh_a_dataset_typed_relative_to_the_repo_is_the_states_own(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    """Found as a user through --via ssh to 127.0.0.1, the command typed relative to the
+    repo as the README says for targets: every state ran the worktree's committed dataset,
+    and the run ended "the regression does not reproduce"."""
+    ws = _world(tmp_path)
+    home = tmp_path / "far-home"
+    home.mkdir()
+    via = ["--via", sshd_server.via, "--via", f"env HOME={home}"]
+    doc, out = _run(ws, *via, command=("python", "train.py", "--data", "data/x.jsonl"))
+    assert [c["unit"] for c in doc["culprits"]] == [f"data:{ws / 'repo' / 'data' / 'x.jsonl'}"]
+    assert "git:" in out and doc["outcome"] == "found", out
