@@ -190,10 +190,6 @@ class ParallelScheduler(Scheduler):
         )
         self.workers = workers
 
-    def slow(self, rec: Record) -> bool:
-        """Whether ``rec``'s samples alone judge it bad (below the threshold, past the noise)."""
-        return bool(rec.samples) and self.threshold.decide(rec) is Verdict.BAD
-
     def measure_many(self, requests: Sequence[tuple[State, str]]) -> list[Verdict]:
         """Verdicts on several states, the unmeasured ones measured together (one round per
         ``workers`` of them, never the same state twice)."""
