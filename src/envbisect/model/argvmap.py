@@ -58,9 +58,9 @@ class PathMapper:
     def mapped(self, path: str) -> str | None:
         """The state's copy of the absolute ``path``, or None when no prefix holds it."""
         for old, new in self.path_map:
-            old = old.rstrip("/") or "/"
-            if path == old or path.startswith(old.rstrip("/") + "/"):
-                return new + path[len(old) :]
+            rest = _below(path, old)
+            if rest is not None:
+                return new + rest
         return None
 
     def path(self, word: str, *, must_exist: bool = True) -> str:
@@ -85,8 +85,8 @@ class PathMapper:
         typed, unless the live path it names from the live repo is mapped elsewhere than
         the worktree's copy (a dataset inside the repo), then that path. Only the map is
         consulted: this machine's files say nothing about the target's."""
-        live_cwd = self.live(self.cwd) if self.cwd else None
-        if live_cwd is None or self.cwd is None:
+        live_cwd = self.live(self.cwd) if self.cwd is not None else None
+        if self.cwd is None or live_cwd is None:
             return word
         want = self.mapped(posixpath.normpath(posixpath.join(live_cwd, word)))
         here = posixpath.normpath(posixpath.join(self.cwd, word))
@@ -96,9 +96,9 @@ class PathMapper:
         """The live path whose state's copy is ``copy`` (a worktree path back to its repo's),
         or None when no entry moved a tree there."""
         for old, new in self.path_map:
-            new = new.rstrip("/") or "/"
-            if old != new and (copy == new or copy.startswith(new + "/")):
-                return (old.rstrip("/") or "/") + copy[len(new) :]
+            rest = _below(copy, new) if old != new else None
+            if rest is not None:
+                return (old.rstrip("/") or "/") + rest
         return None
 
     def word(self, word: str) -> str:
@@ -261,6 +261,15 @@ def _finder_code(roots: Mapping[str, str]) -> str:
 def _is_c_flag(word: str) -> bool:
     """``-c``, or a short-option cluster ending in it (``-lc``, ``-ec``)."""
     return len(word) >= 2 and word[0] == "-" and word[1] != "-" and word.endswith("c")
+
+
+def _below(path: str, root: str) -> str | None:
+    """What follows ``root`` in ``path`` ("" for the root itself, "/x" below it), or None
+    when ``path`` is not under ``root``."""
+    root = root.rstrip("/") or "/"
+    if path == root or path.startswith(root.rstrip("/") + "/"):
+        return path[len(root) :]
+    return None
 
 
 def _looks_like_path(word: str, live: str) -> bool:
