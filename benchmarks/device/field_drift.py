@@ -20,7 +20,8 @@ Usage (repo root, on the GPU machine, envbisect importable, e.g. PYTHONPATH=src)
     python3 benchmarks/device/field_drift.py OUTDIR [--own [--own-style S]] [--repeat N]
         [--workers K] [--budget S] [--timeout S] [--rate-at-once K] [--hang-after S]
 Writes OUTDIR/<mode>-<i>/{transcript.txt,run.json,report.md} and OUTDIR/<mode>-summary.jsonl;
-``FIELD_DRIFT_SMOKE='--preset tiny ...'`` swaps the drafter's size (a CPU plumbing check).
+``FIELD_DRIFT_SMOKE='--preset tiny ...'`` swaps the drafter's size, ``FIELD_DRIFT_OWN_ARGS='--dim
+64 ...'`` adds to the sdpa script's flags (CPU plumbing checks).
 """
 
 from __future__ import annotations
@@ -59,11 +60,18 @@ OLD_LEN = 1024
 # within the first timed window and runs warm after it, which no grown dataset does.
 NEW_LENS = tuple(range(768, 2049, 32))
 BUCKETS = (1024, 1536, 2048)  # the good data's lengths in the own script's "buckets" style
-STYLE_FLAGS = {
-    "warmup-main": ["--warmup-main"],
-    "eager-backward": ["--eager-backward"],
-    "buckets": ["--warmup-main", "--eager-backward"],
+# The own scripts' styles: script and flags. "sdpa" is field/train_buckets.py (its threads
+# compile their buckets at once while the others train; a warm cache traces nothing).
+STYLES = {
+    "warmup-main": ("train_threads.py", ["--warmup-main"]),
+    "eager-backward": ("train_threads.py", ["--eager-backward"]),
+    "buckets": ("train_threads.py", ["--warmup-main", "--eager-backward"]),
+    "sdpa": (
+        "train_buckets.py",
+        ["--steps", "400", *shlex.split(os.environ.get("FIELD_DRIFT_OWN_ARGS", ""))],
+    ),
 }
+IN_BUCKETS = ("buckets", "sdpa")  # styles whose good data comes in BUCKETS
 OWN_REGEX = r"throughput: ([0-9.]+) tok/s"
 
 
@@ -75,9 +83,11 @@ def command(py: str, own: str, threads: int) -> list[str]:
         # (warm cache; see train_threads.py): no user trains like that. --warmup-main
         # compiles once in the main thread first; --eager-backward lets the threads compile
         # at once, each backward compiled with its forward.
-        # "buckets": both, on good data of three lengths (write_data).
-        return [py, "repo/train_threads.py", "--data", "data/prompts.jsonl",
-                "--threads", str(threads), *STYLE_FLAGS[own]]  # fmt: skip
+        # "buckets": both, on good data of three lengths (write_data); "sdpa": the second
+        # script, its steps enough to train while another thread compiles on the GPU.
+        script, flags = STYLES[own]
+        return [py, f"repo/{script}", "--data", "data/prompts.jsonl",
+                "--threads", str(threads), *flags]  # fmt: skip
     return [
         py, "-m", "envbisect.agent.drafter", *RACE, "--drafter-threads", str(threads),
         "--data", "data/prompts.jsonl", "--patch-module", "repo/dflash_model.py",
@@ -97,13 +107,14 @@ def setup(root: Path, py: str, own: str, workers: int) -> tuple[Path, dict[str, 
     """The workspace's good state: repo, data (in buckets for that style), config, env."""
     repo = root / "repo"
     shutil.copytree(FIXTURE / "repo", repo)
-    shutil.copy(HERE / "field" / "train_threads.py", repo / "train_threads.py")
+    for script in ("train_threads.py", "train_buckets.py"):
+        shutil.copy(HERE / "field" / script, repo / script)
     subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     _git(repo, "add", "-A", when="2026-11-02T09:00:00Z")
     _git(repo, "commit", "-q", "-m", "drafter training", when="2026-11-02T09:00:00Z")
     (root / "data").mkdir()
     (root / "manifests").mkdir()
-    write_data(root / "data" / "prompts.jsonl", 2000, grown=False, buckets=own == "buckets")
+    write_data(root / "data" / "prompts.jsonl", 2000, grown=False, buckets=own in IN_BUCKETS)
     config: dict = {
         "label": "field",
         "repos": ["repo"],
@@ -228,9 +239,10 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--own", action="store_true", help="the user's own threaded script")
     ap.add_argument(
-        "--own-style", choices=tuple(STYLE_FLAGS), default="warmup-main",
-        help="the own script's way past torch 2.11's compile deadlock (train_threads.py);"
-        " buckets: both flags, the good data in three length buckets",
+        "--own-style", choices=tuple(STYLES), default="sdpa",
+        help="the own script and its way past torch 2.11's compile deadlock (train_threads.py:"
+        " warmup-main, eager-backward, buckets = both flags on good data in three length"
+        " buckets; train_buckets.py: sdpa, good data in buckets)",
     )  # fmt: skip
     ap.add_argument("--repeat", type=int, default=1)
     # One: three slots on one card slowed each other (calibration refused 2 of 3, H100).

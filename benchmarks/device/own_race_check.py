@@ -1,17 +1,19 @@
-"""On a GPU machine: does the own threaded script (``field/train_threads.py``) race on an empty
-compile cache and train on a warm one? A few processes of each, before a whole drift is spent
-on it.
+"""On a GPU machine: does an own threaded script (``field/train_threads.py``,
+``field/train_buckets.py``) race on an empty compile cache and train on a warm one? A few
+processes of each, before a whole drift is spent on it.
 
-For each style (the flag that gets the script past torch 2.11's compile deadlock), a warm
-cache is made by one single-threaded run, then ``--runs`` processes of three threads run on an
-empty cache and ``--runs`` on the warm one, each cut after ``--timeout`` seconds (a hang).
-One JSON line per process: style, cache, outcome (ok / crash / hung), wall, the last line.
+For each style (a field_drift.py style: the script and its flags), a warm cache is made by one
+single-threaded run, then ``--runs`` processes of three threads run on an empty cache and
+``--runs`` on the warm one, and ``--grown`` on a copy of the warm one with the field drift's
+grown data, each cut after ``--timeout`` seconds (a hang). Each runs under
+``trace_census.py``. One JSON line per process: style, cache, outcome (ok / crash / hung),
+wall, the last line, the census (FX traces by thread and asker, AOTAutograd and FX graph
+cache hits and misses).
 
-    python3 benchmarks/device/own_race_check.py OUTFILE [--styles a,b] [--runs 2] [--timeout 45]
-        [--lengths 1024,1536,2048]
+    python3 benchmarks/device/own_race_check.py OUTFILE [--styles a,b] [--runs 2] [--grown 0]
+        [--timeout 45] [--lengths 1024,1536,2048]
 
-A style is a field_drift.py style (``buckets``: ``--warmup-main --eager-backward``); the
-dataset's prompts cycle through ``--lengths`` (default the buckets of that style).
+The good dataset's prompts cycle through ``--lengths`` (default the buckets of that style).
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "field" / "train_threads.py"
 sys.path.insert(0, str(HERE))
-from field_drift import BUCKETS, STYLE_FLAGS  # noqa: E402 - the module beside us
+from field_drift import BUCKETS, IN_BUCKETS, STYLES, write_data  # noqa: E402 - beside us
 
 
 def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: float) -> dict:
@@ -37,7 +38,9 @@ def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: flo
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
         "TRITON_CACHE_DIR": str(cache / "triton"),
     }
-    argv = [py, str(SCRIPT), "--data", str(data), "--threads", str(threads), *STYLE_FLAGS[style]]
+    script, flags = STYLES[style]
+    argv = [py, str(HERE / "trace_census.py"), str(HERE / "field" / script),
+            "--data", str(data), "--threads", str(threads), *flags]  # fmt: skip
     t = time.monotonic()
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
@@ -45,10 +48,13 @@ def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: flo
     except subprocess.TimeoutExpired:
         return {"outcome": "hung", "wall_s": round(time.monotonic() - t, 1), "last": ""}
     lines = (p.stdout + p.stderr).strip().splitlines() or [""]
+    census = [ln for ln in lines if ln.startswith("census: ")]
+    lines = [ln for ln in lines if not ln.startswith("census: ")] or [""]
     err = [ln for ln in lines if "Error" in ln]
     return {
         "outcome": "ok" if p.returncode == 0 else "crash", "wall_s": round(time.monotonic() - t, 1),
         "last": (err[-1] if err and p.returncode else lines[-1])[:300],
+        "census": json.loads(census[-1][len("census: "):]) if census else None,
     }  # fmt: skip
 
 
@@ -57,6 +63,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--styles", default="eager-backward")
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--grown", type=int, default=0, help="runs on grown data, warm cache")
     ap.add_argument("--timeout", type=float, default=45)
     ap.add_argument("--lengths", default=None, help="the prompts' lengths, cycled")
     ns = ap.parse_args()
@@ -75,7 +82,7 @@ def main() -> int:
                 if ns.lengths:
                     lengths = [int(n) for n in ns.lengths.split(",")]
                 else:
-                    lengths = list(BUCKETS) if style == "buckets" else [1024]
+                    lengths = list(BUCKETS) if style in IN_BUCKETS else [1024]
                 data.write_text(
                     "".join(
                         json.dumps({"id": i, "length": lengths[i % len(lengths)]}) + "\n"
@@ -89,6 +96,13 @@ def main() -> int:
                     keep(style, "cold", one(sys.executable, data, cold, style, 3, ns.timeout))
                     shutil.rmtree(cold, ignore_errors=True)
                     keep(style, "warm", one(sys.executable, data, warm, style, 3, ns.timeout))
+                grown = root / "grown.jsonl"
+                write_data(grown, 11000, grown=True)
+                for i in range(ns.grown):
+                    copy = root / f"grown-{style}-{i}"
+                    shutil.copytree(warm, copy)
+                    keep(style, "grown", one(sys.executable, grown, copy, style, 3, ns.timeout))
+                    shutil.rmtree(copy, ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0
