@@ -30,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from field_drift import BUCKETS, IN_BUCKETS, STYLES, write_data  # noqa: E402 - beside us
+from field_drift import BUCKETS, IN_BUCKETS, STYLES, new_lengths, write_data  # noqa: E402
 
 
 def one(py: str, data: Path, cache: Path, style: str, threads: int, timeout: float) -> dict:
@@ -97,7 +97,7 @@ def main() -> int:
                     shutil.rmtree(cold, ignore_errors=True)
                     keep(style, "warm", one(sys.executable, data, warm, style, 3, ns.timeout))
                 grown = root / "grown.jsonl"
-                write_data(grown, 11000, grown=True)
+                write_data(grown, 11000, grown=True, new=new_lengths(style))
                 for i in range(ns.grown):
                     copy = root / f"grown-{style}-{i}"
                     shutil.copytree(warm, copy)
