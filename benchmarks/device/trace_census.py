@@ -6,7 +6,8 @@ misses, bypasses and why; inductor FX graph cache hits and misses).
     python3 benchmarks/device/trace_census.py SCRIPT [ARGS...]
 
 The script runs as ``__main__`` with ``ARGS``; at exit one line goes to stderr:
-``census: {json}``. Its exit status is the script's.
+``census: {json}``. Its exit status is the script's. ``CENSUS_STACK=1`` also prints the whole
+stack of the first trace (to see which torch frame asked for it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ DEBUG_STACK = bool(os.environ.get("CENSUS_STACK"))
 
 
 def _asker() -> str:
-    """The innermost torch frame above fx itself: which part of the compile traced."""
+    """The innermost torch frame above fx and the compile wrappers: which part of the compile
+    traced."""
     stack = traceback.extract_stack()[:-2]
     if DEBUG_STACK and not TRACES:
         print("".join(traceback.format_list(stack)), file=sys.stderr)
