@@ -97,7 +97,8 @@ def main() -> int:
                     shutil.rmtree(cold, ignore_errors=True)
                     keep(style, "warm", one(sys.executable, data, warm, style, 3, ns.timeout))
                 grown = root / "grown.jsonl"
-                write_data(grown, 11000, grown=True, new=new_lengths(style))
+                if ns.grown:
+                    write_data(grown, 11000, grown=True, new=new_lengths(style))
                 for i in range(ns.grown):
                     copy = root / f"grown-{style}-{i}"
                     shutil.copytree(warm, copy)
