@@ -3,7 +3,8 @@ benchmark's: N threads each train their own small transformer on their own shard
 dataset, the whole loss compiled once (automatic dynamic shapes off: one graph per sequence
 length, as a user whose prompts come in a few length buckets compiles them), with
 torch's fused attention (``scaled_dot_product_attention``, causal). Prints ``throughput: X
-tok/s`` once, at the end, summed over the threads' timed steps.
+tok/s`` once, at the end, summed over the threads' timed steps; the first thread to die ends
+the run (exit 1, its traceback printed).
 
     python3 train_buckets.py --data data/prompts.jsonl [--threads 3] [--steps 40]
 
@@ -96,6 +97,7 @@ def main() -> int:
     compiled = torch.compile(loss_fn)
     results: list[tuple[int, float]] = []
     errors: list[str] = []
+    died = threading.Event()  # a drafter set with a hole in it is not worth training on
 
     def worker(i: int) -> None:
         try:
@@ -119,14 +121,19 @@ def main() -> int:
             results.append((tokens, elapsed))
         except Exception:
             errors.append(traceback.format_exc())
+            died.set()
 
+    # Daemon threads, joined until one dies: the first dead thread ends the run at once,
+    # where the others would go on compiling and training for nothing.
     threads = [
-        threading.Thread(target=worker, args=(i,), name=f"drafter{i}") for i in range(a.threads)
+        threading.Thread(target=worker, args=(i,), name=f"drafter{i}", daemon=True)
+        for i in range(a.threads)
     ]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        while t.is_alive() and not died.is_set():
+            t.join(0.2)
     if errors:
         print(errors[0], flush=True)
         raise SystemExit(f"{len(errors)} of {a.threads} training threads died")
