@@ -277,6 +277,10 @@ def test_nesting_deeper_than_any_manifest_is_refused(tmp_path: Path) -> None:
         ("gpu: {devices: [5]}", "field 'gpu.devices[0]' must be a mapping, got int"),
         ("files: {/etc/x: {sha256: 12}}", "field 'files./etc/x.sha256' must be a string"),
         ("git: {/r: {head: [1]}}", "field 'git./r.head' must be a string"),
+        # A colleague's hand edit deleting the version: refused, not read as "unknown".
+        ("git: {/r: {branch: main, dirty: false}}", "field 'git./r.head' is missing"),
+        ("files: {/etc/x: {size: 3, blob: null}}", "field 'files./etc/x.sha256' is missing"),
+        ("files: {/etc/x: {sha256: null, size: 3}}", "field 'files./etc/x.sha256' is missing"),
         ("caches: {inductor: {files: many}}", "field 'caches.inductor.files' must be an integer"),
         ("python: {version: 3.11}", "field 'python.version' must be a string, got float"),
     ],
@@ -286,6 +290,18 @@ def test_wrong_leaf_types_are_refused_naming_the_field(
 ) -> None:
     with pytest.raises(ManifestError, match=re.escape(fragment)):
         load(_written(tmp_path, f"schema: {SCHEMA}\n{body}\n"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "git: {/r: {head: null, branch: main}}",  # a repo with no commit yet
+        "git: {/r: {error: not a git repository}}",  # the snapshot could not read it
+        "files: {/etc/x: {sha256: null, size: null, blob: null, exists: false}}",
+    ],
+)
+def test_what_a_snapshot_writes_without_a_version_still_loads(tmp_path: Path, body: str) -> None:
+    load(_written(tmp_path, f"schema: {SCHEMA}\n{body}\n"))
 
 
 # ---- fuzz: whatever the bytes, a Manifest or one ManifestError --------------------------------

@@ -334,6 +334,7 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
             _check_leaves(source, f"{section}.{key}", entry, fields)
     for name, fields in _TOP_LEAF_TYPES.items():
         _check_leaves(source, name, sections.get(name, {}), fields)
+    _check_identities(source, sections)
     for i, device in enumerate(sections.get("gpu", {}).get("devices") or ()):
         if not isinstance(device, dict):
             kind = type(device).__name__
@@ -345,6 +346,25 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
             kind = type(value).__name__
             raise ManifestError(
                 f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
+            )
+
+
+def _check_identities(source: str, sections: dict[str, Any]) -> None:
+    """The field that says which version an entry is, present where a snapshot always writes
+    it: a repo's ``head`` (null in a repo with no commit yet; an entry that failed carries
+    ``error`` instead) and a file's ``sha256`` (absent only with ``exists: false``). Deleted
+    by a hand edit, the entry would read as "some unknown version" and be realized wrongly."""
+    for repo, entry in sections.get("git", {}).items():
+        if "head" not in entry and "error" not in entry:
+            raise ManifestError(
+                f"{source}: field 'git.{repo}.head' is missing (the commit checked out; "
+                "null for a repo with no commit yet)"
+            )
+    for path, entry in sections.get("files", {}).items():
+        if entry.get("sha256") is None and entry.get("exists") is not False:
+            raise ManifestError(
+                f"{source}: field 'files.{path}.sha256' is missing (the file's content hash; "
+                "a file that did not exist says exists: false)"
             )
 
 
