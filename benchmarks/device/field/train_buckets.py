@@ -73,7 +73,7 @@ def loss_fn(model: Drafter, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", required=True, help="JSON lines, each with a 'length'")
     ap.add_argument("--threads", type=int, default=3)
@@ -84,7 +84,11 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=8192)
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> int:
+    a = parse_args()
     functorch_config.force_non_lazy_backward_lowering = True
     with open(a.data, encoding="utf-8") as fh:
         lengths = [int(json.loads(line)["length"]) for line in fh if line.strip()]
