@@ -440,6 +440,40 @@ def test_a_remote_target_follows_the_same_rules_through_the_shipped_agent(
     other.unlock()
 
 
+def test_reset_of_a_remote_session_leaves_nothing_of_it_on_the_target(tmp_path: Path) -> None:
+    import base64
+
+    from envbisect.transport import Transport
+
+    f = tmp_path / "app.conf"
+    f.write_bytes(b"the user's\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    root = home / ".envbisect" / "session-abc"
+    chain = Transport.from_specs(["sh -c"])
+
+    def op(name: str, **params: object) -> dict[str, object]:
+        return chain.run_agent(
+            sys.executable,
+            "envbisect.agent.actuate_remote",
+            {"op": name, "root": str(root), **params},
+            timeout_s=60,
+            log_dir=tmp_path / "logs",
+            name=name,
+        )
+
+    content = base64.b64encode(b"swapped\n").decode()
+    sha = hashlib.sha256(b"swapped\n").hexdigest()
+    swaps = [{"path": str(f), "sha256": sha, "content": content}]
+    out = op("realize", pid=os.getpid(), swaps=swaps)
+    assert out["failure"] is None and root.is_dir()
+    (root / "venvs" / "v").mkdir(parents=True)
+    out = op("cleanup", all=True)
+    assert f.read_bytes() == b"the user's\n"
+    assert str(root) in out["removed"] and not (home / ".envbisect").exists()
+    assert sorted(p.name for p in home.iterdir()) == []
+
+
 def test_a_child_forked_by_a_killed_holder_delays_reset_only_until_it_goes(
     tmp_path: Path,
 ) -> None:

@@ -202,14 +202,28 @@ def op_cleanup(params):
         # Worktrees are gone; forget them so the next cleanup has nothing to redo.
         with open(os.path.join(root, "worktrees.jsonl"), "w"):
             pass
-    dirs = []
-    if params.get("all"):
-        for name in ("venvs", "bytecode", "worktrees", "caches", "trials"):
-            path = os.path.join(root, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-                dirs.append(path)
+    dirs = _remove_session(root, whole=not kept) if params.get("all") else []
     return {"restored": restored, "kept": kept, "worktrees": removed, "removed": dirs}
+
+
+def _remove_session(root, whole):
+    """The session's dirs under ``root``; with ``whole`` (everything restored) ``root`` too,
+    its journal and locks, and ``.envbisect`` above it when nothing else is left there."""
+    dirs = []
+    for name in ("venvs", "bytecode", "worktrees", "caches", "trials"):
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            dirs.append(path)
+    if whole and os.path.isdir(root):
+        shutil.rmtree(root, ignore_errors=True)
+        dirs.append(root)
+        try:
+            os.rmdir(os.path.dirname(root))
+            dirs.append(os.path.dirname(root))
+        except OSError:
+            pass
+    return dirs
 
 
 def op_available(params):
