@@ -279,6 +279,33 @@ def test_found_causes_say_which_other_units_a_good_trial_cleared(tmp_path: Path)
     assert "Not causes" not in render_markdown(none) and as_json(none)["not_causes"] == []
 
 
+def test_a_repo_cleared_beside_its_own_culprit_file_says_what_of_it_was_cleared(
+    tmp_path: Path,
+) -> None:
+    """A user's run (tenth session): the culprit a commit of train.py in their repo, then
+    "Not causes: git:<that repo>", which read as the repo's history being innocent."""
+    import dataclasses
+
+    from envbisect.model.changes import Unit
+
+    base = _result(tmp_path)
+    train = Unit("files:/u/proj/train.py", "files", "/u/proj/train.py", (), True)
+    rows = [
+        TrialRow(1, (), (800.0,), 800.0, "good", purpose="endpoint: good"),
+        TrialRow(2, (train.id, "git:/u/proj", "git:/u/other"), (200.0,), 200.0, "bad"),
+        TrialRow(3, ("git:/u/proj", "git:/u/other"), (790.0,), 790.0, "good"),
+        TrialRow(4, (train.id,), (210.0,), 210.0, "bad"),
+    ]
+    result = dataclasses.replace(base, culprits=(Culprit(train),), trials=tuple(rows))
+    from envbisect.render.culprit import not_cause_lines
+
+    line = next(ln for ln in not_cause_lines(result) if "Not causes" in ln)
+    assert (
+        "git:/u/other, git:/u/proj (the rest of its checkout; the culprit's file is a unit of "
+        "its own) (good in trial 3" in line
+    ), line
+
+
 def test_a_package_step_state_counts_as_its_unit_among_the_not_causes(tmp_path: Path) -> None:
     """``torch-stack[triton]`` (a state of the package step) is the torch stack, as the trial
     table's legend reads it: not a unit of its own that no trial cleared."""

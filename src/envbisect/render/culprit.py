@@ -132,7 +132,10 @@ def not_cause_lines(result: RunResult) -> list[str]:
         ("Not cleared (without the culprits only in trials not judged good)", found.unsettled),
     ):
         if groups:
-            parts = [f"{', '.join(units)} ({_held(trial)})" for trial, units in groups]
+            parts = [
+                f"{', '.join(_beside(u, result) for u in units)} ({_held(trial)})"
+                for trial, units in groups
+            ]
             lines.append(f"{title}: " + "; ".join(parts))
     if found.untried:
         lines.append(
@@ -140,6 +143,16 @@ def not_cause_lines(result: RunResult) -> list[str]:
             + ", ".join(found.untried)
         )
     return lines
+
+
+def _beside(unit: str, result: RunResult) -> str:
+    """``unit``, and for a repo holding a culprit file (found down to its commit there):
+    what of the repo was cleared, lest "not a cause" read as the repo's history."""
+    section, _, repo = unit.partition(":")
+    inside = repo.rstrip("/") + "/"
+    if section == "git" and any(c.unit.id.startswith("files:" + inside) for c in result.culprits):
+        return f"{unit} (the rest of its checkout; the culprit's file is a unit of its own)"
+    return unit
 
 
 def _held(trial: TrialRow) -> str:
