@@ -51,6 +51,8 @@ class SshServer:
     known_hosts: Path
     log: Path
     pid: int
+    home: Path  # the HOME sessions through this sshd get
+    uv_cache: str  # the UV_CACHE_DIR they get: this machine's
 
     @property
     def options(self) -> list[str]:
@@ -91,6 +93,16 @@ def _keygen(path: Path) -> None:
     )
 
 
+def _uv_cache() -> str:
+    """The uv cache this machine's runs use (``uv cache dir``), for the target to share."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    if uv:
+        found = subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=False)
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    return os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv")
+
+
 def start_sshd(workdir: Path) -> tuple[SshServer, subprocess.Popen[bytes]]:
     """Start sshd in ``workdir``; returns once it accepts a login."""
     if not SSHD.exists() or shutil.which("ssh") is None:
@@ -104,6 +116,8 @@ def start_sshd(workdir: Path) -> tuple[SshServer, subprocess.Popen[bytes]]:
     authorized = workdir / "authorized_keys"
     authorized.write_bytes((client_key.with_suffix(".pub")).read_bytes())
     user = pwd.getpwuid(os.geteuid()).pw_name
+    home, uv_cache = workdir / "home", _uv_cache()
+    home.mkdir(exist_ok=True)
     port = _free_port()
     config = workdir / "sshd_config"
     config.write_text(
@@ -125,7 +139,10 @@ def start_sshd(workdir: Path) -> tuple[SshServer, subprocess.Popen[bytes]]:
                 # PATH: the fakes and this venv's python3 on the far side too. SHLVL=1 makes
                 # bash skip ~/.bashrc for ssh commands (it sources it only at level 1), so a
                 # developer's shell setup neither slows every hop nor is needed by any test.
-                f"SetEnv PATH={target_path()} SHLVL=1",
+                # HOME: the target's own, in the test's tmp dir, so the remote sessions that
+                # runs through this sshd make (~/.envbisect/session-*) go with the tmp dir and
+                # never pile up in the real home; uv keeps the real cache (no downloads).
+                f"SetEnv PATH={target_path()} SHLVL=1 HOME={home} UV_CACHE_DIR={uv_cache}",
                 "",
             ]
         )
@@ -149,6 +166,8 @@ def start_sshd(workdir: Path) -> tuple[SshServer, subprocess.Popen[bytes]]:
         known_hosts=known_hosts,
         log=log,
         pid=proc.pid,
+        home=home,
+        uv_cache=uv_cache,
     )
     deadline = time.monotonic() + 15
     while True:

@@ -53,8 +53,8 @@ def _world(tmp: Path) -> dict[str, str]:
 RUN = "run --good {good} --bad {bad} --session {session}"
 
 MISTAKES = [
-    ("diff {good} {listed}", "field 'packages.torch.version' must be a string, got list"),
-    ("diff {mapped} {good}", "field 'packages.torch.version' must be a string, got dict"),
+    ("diff {good} {listed}", "field 'packages.torch.version' must be a string, got a list"),
+    ("diff {mapped} {good}", "field 'packages.torch.version' must be a string, got a mapping"),
     ("check --timeout nan -- true", "--timeout nan: must be a positive, finite"),
     ("check --timeout inf -- true", "--timeout inf: must be a positive, finite"),
     ("check --timeout -1 -- true", "must be a positive, finite number of seconds"),

@@ -259,22 +259,22 @@ def test_nesting_deeper_than_any_manifest_is_refused(tmp_path: Path) -> None:
     [
         (
             "packages: {torch: {version: [1, 2]}}",
-            "field 'packages.torch.version' must be a string, got list",
+            "field 'packages.torch.version' must be a string, got a list",
         ),
         (
             "packages: {torch: {version: {a: 1}}}",
-            "field 'packages.torch.version' must be a string, got dict",
+            "field 'packages.torch.version' must be a string, got a mapping",
         ),
         (
             "packages: {torch: {version: 5}}",
-            "field 'packages.torch.version' must be a string, got int",
+            "field 'packages.torch.version' must be a string, got an integer",
         ),
         (
             "packages: {torch: {version: '5', editable: 'yes'}}",
             "'packages.torch.editable' must be true/false",
         ),
-        ("gpu: {devices: 5}", "field 'gpu.devices' must be a list, got int"),
-        ("gpu: {devices: [5]}", "field 'gpu.devices[0]' must be a mapping, got int"),
+        ("gpu: {devices: 5}", "field 'gpu.devices' must be a list, got an integer"),
+        ("gpu: {devices: [5]}", "field 'gpu.devices[0]' must be a mapping, got an integer"),
         ("files: {/etc/x: {sha256: 12}}", "field 'files./etc/x.sha256' must be a string"),
         ("git: {/r: {head: [1]}}", "field 'git./r.head' must be a string"),
         # A colleague's hand edit deleting the version: refused, not read as "unknown".
@@ -282,7 +282,9 @@ def test_nesting_deeper_than_any_manifest_is_refused(tmp_path: Path) -> None:
         ("files: {/etc/x: {size: 3, blob: null}}", "field 'files./etc/x.sha256' is missing"),
         ("files: {/etc/x: {sha256: null, size: 3}}", "field 'files./etc/x.sha256' is missing"),
         ("caches: {inductor: {files: many}}", "field 'caches.inductor.files' must be an integer"),
-        ("python: {version: 3.11}", "field 'python.version' must be a string, got float"),
+        ("python: {version: 3.11}", "field 'python.version' must be a string, got a number"),
+        # A colleague emptying a repo's entry: said in YAML's words, not "got NoneType".
+        ("git: {/r: null}", "field 'git./r' must be a mapping, got null"),
     ],
 )
 def test_wrong_leaf_types_are_refused_naming_the_field(

@@ -77,6 +77,8 @@ def test_threshold_forms_and_where_they_came_from() -> None:
     assert Threshold.parse(12000, "x", "threshold").value == 12000.0
     with pytest.raises(UsageError, match="between 0% and 100%"):
         Threshold.parse("140%", "x", "--until")
+    with pytest.raises(UsageError, match=r"'60%%': not a percentage: a number then one %"):
+        Threshold.parse("60%%", "x", "--until")  # as a shell script's printf escape leaves it
     with pytest.raises(UsageError, match="ambiguous"):
         Threshold.parse(15, "x", "threshold")
 

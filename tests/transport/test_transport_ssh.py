@@ -260,6 +260,8 @@ def test_snapshot_through_ssh_and_fake_pct_equals_a_local_snapshot(
     # The far side's recorded environment is what sshd gives a session; make the local one
     # the same so that only transport-volatile fields may differ.
     monkeypatch.setenv("PATH", target_path())
+    monkeypatch.setenv("HOME", str(sshd_server.home))
+    monkeypatch.setenv("UV_CACHE_DIR", sshd_server.uv_cache)
     for name in list(os.environ):
         if name in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH") or name.startswith(
             ("NVIDIA_", "CUBLAS_", "CUDNN_", "NVSHMEM_")

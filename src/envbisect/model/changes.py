@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from packaging.version import InvalidVersion, Version
 
-from envbisect.model.errors import ManifestError
+from envbisect.model.errors import ManifestError, yaml_kind
 
 
 class ChangeKind(str, Enum):
@@ -134,7 +134,7 @@ def entry(source: str, section: str, key: str, value: Any) -> dict[str, Any] | N
     if value is None or isinstance(value, dict):
         return value
     raise ManifestError(
-        f"{source}: field '{section}.{key}' must be a mapping, got {type(value).__name__}"
+        f"{source}: field '{section}.{key}' must be a mapping, got {yaml_kind(value)}"
     )
 
 

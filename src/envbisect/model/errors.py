@@ -24,6 +24,27 @@ class ManifestError(EnvBisectError):
     """A manifest file is malformed, of another schema, or has a field of the wrong type."""
 
 
+_YAML_KINDS = {
+    "NoneType": "null",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true/false",
+    "dict": "a mapping",
+    "list": "a list",
+}
+
+
+def yaml_kind(value: object) -> str:
+    """What a value read from YAML is, in the file's words: ``null``, ``a list``."""
+    return yaml_type(type(value))
+
+
+def yaml_type(kind: type) -> str:
+    """A Python type in a YAML file's words: ``a string``, ``a mapping``."""
+    return _YAML_KINDS.get(kind.__name__, kind.__name__)
+
+
 class ScopeError(EnvBisectError):
     """A manifest names a path outside what the user's envbisect.yaml lets a run touch."""
 

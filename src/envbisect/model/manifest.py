@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from envbisect.model.errors import ManifestError
+from envbisect.model.errors import ManifestError, yaml_kind, yaml_type
 
 SCHEMA_NAME = "envbisect/manifest"
 SCHEMA_VERSION = 2
@@ -312,7 +312,7 @@ def _section_mappings(source: str, data: dict[str, Any]) -> dict[str, Any]:
     sections = {k: v for k, v in data.items() if k != "schema"}
     for name in SECTIONS:
         if name in sections and sections[name] is not None and not isinstance(sections[name], dict):
-            kind = type(sections[name]).__name__
+            kind = yaml_kind(sections[name])
             raise ManifestError(f"{source}: field '{name}' must be a mapping, got {kind}")
         if sections.get(name) is None and name in sections:
             sections[name] = {}
@@ -327,7 +327,7 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
     for name in _KEYED_SECTIONS:
         for key, entry in sections.get(name, {}).items():
             if not isinstance(entry, dict):
-                kind = type(entry).__name__
+                kind = yaml_kind(entry)
                 raise ManifestError(f"{source}: field '{name}.{key}' must be a mapping, got {kind}")
     for section, fields in _ENTRY_LEAF_TYPES.items():
         for key, entry in sections.get(section, {}).items():
@@ -337,13 +337,13 @@ def _check_section_contents(source: str, sections: dict[str, Any]) -> None:
     _check_identities(source, sections)
     for i, device in enumerate(sections.get("gpu", {}).get("devices") or ()):
         if not isinstance(device, dict):
-            kind = type(device).__name__
+            kind = yaml_kind(device)
             raise ManifestError(f"{source}: field 'gpu.devices[{i}]' must be a mapping, got {kind}")
     # Not a fact section (no section module): how facts were found; written last.
     _check_reconstructed(source, sections.get("reconstructed") or {})
     for key, value in sections.get("env", {}).items():
         if not isinstance(value, (str, dict)):
-            kind = type(value).__name__
+            kind = yaml_kind(value)
             raise ManifestError(
                 f"{source}: field 'env.{key}' must be a string or {{redacted: ...}}, got {kind}"
             )
@@ -435,17 +435,8 @@ def _check_leaves(source: str, where: str, entry: Any, fields: dict[str, tuple[t
             continue
         ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:
-            want = " or ".join(
-                {
-                    "str": "a string",
-                    "int": "an integer",
-                    "bool": "true/false",
-                    "dict": "a mapping",
-                    "list": "a list",
-                }[t.__name__]
-                for t in types
-            )
-            kind = type(value).__name__
+            want = " or ".join(yaml_type(t) for t in types)
+            kind = yaml_kind(value)
             raise ManifestError(f"{source}: field '{where}.{field}' must be {want}, got {kind}")
 
 

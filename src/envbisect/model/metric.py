@@ -190,7 +190,9 @@ class Threshold:
             try:
                 pct = float(raw[:-1])
             except ValueError:
-                pct = float("nan")
+                raise UsageError(
+                    f"{flag} {text!r}: not a percentage: a number then one %, e.g. 70%"
+                ) from None
             if not 0 < pct < 100:
                 raise UsageError(
                     f"{flag} {text!r}: a percentage of the good state's speed is between "

@@ -64,9 +64,9 @@ def cpu_threads(
         if n >= reading.cores:
             return None
         why = (
-            f"{reading.cores - n} of {reading.cores} cores busy at the start: torch would "
-            "otherwise wait on a busy core at every parallel op; --cpu-threads N to choose, "
-            "--cpu-threads off to leave it"
+            f"{reading.cores - n} of {reading.cores} cores busy at the start: an OpenMP or "
+            "MKL thread pool would otherwise wait on a busy core at every parallel op; "
+            "--cpu-threads N to choose, --cpu-threads off to leave it"
         )
     else:
         n = int(want)

@@ -324,6 +324,6 @@ def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, .
         if t.failure or t is good_t or t is full_t or good_t is None:
             return None
         bad_samples = full_t.samples if full_t is not None and not full_t.failure else ()
-        return outlier(t.samples, good_t.samples, bad_samples, sigma)
+        return outlier(t.samples, good_t.samples, bad_samples, sigma, t.contended)
 
     return tuple(TrialRow.of(t, trial_number(t, numbers), flag(t)) for t in result.trials)

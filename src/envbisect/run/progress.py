@@ -74,6 +74,7 @@ class ProgressLines:
         if not endpoint and not trial.failure:
             sigma = Noise.from_groups(self.groups.values()).sigma
             bad = self.samples.get(self.all) if self.all is not None else None
-            flag = outlier(trial.samples, self.samples.get(frozenset(), ()), bad or (), sigma)
+            good = self.samples.get(frozenset(), ())
+            flag = outlier(trial.samples, good, bad or (), sigma, trial.contended)
         self.session.append(VerdictEvent(number, trial.verdict.value, trial.median, flag))
         return flag

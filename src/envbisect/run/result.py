@@ -315,11 +315,16 @@ def outlier(
     good: Sequence[float],
     bad: Sequence[float],
     sigma: float,
+    contended: Sequence[bool] = (),
 ) -> str | None:
     """Why a state's speed is itself a finding, or None: faster than the good endpoint or
     slower than the bad one by more than the noise (z = 3 on the medians' difference, at
-    least 5%). Nothing in between the endpoints explains such a state: look at its log."""
-    if not samples or not good:
+    least 5%). Nothing in between the endpoints explains such a state: look at its log.
+    A state whose samples were mostly taken while other processes loaded the machine
+    (``contended``, per sample) is not flagged: load that comes and goes moves a whole
+    trial's median past the noise within trials (seen as a user, one core kept busy: the
+    bad state's own code "1.57× slower than the bad state")."""
+    if not samples or not good or 2 * sum(contended) >= len(samples):
         return None
     noise = Noise(sigma=sigma, dof=1)
     m = median(samples)
