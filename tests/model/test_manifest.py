@@ -285,6 +285,8 @@ def test_nesting_deeper_than_any_manifest_is_refused(tmp_path: Path) -> None:
         ("python: {version: 3.11}", "field 'python.version' must be a string, got a number"),
         # A colleague emptying a repo's entry: said in YAML's words, not "got NoneType".
         ("git: {/r: null}", "field 'git./r' must be a mapping, got null"),
+        # A key with a line break (found by the fuzz test below): escaped, one line.
+        ('packages: {"a\\nb": null}', "field 'packages.a\\nb' must be a mapping, got null"),
     ],
 )
 def test_wrong_leaf_types_are_refused_naming_the_field(

@@ -5,6 +5,8 @@ Every message is a single line that names the file, field, host or layer at faul
 
 from __future__ import annotations
 
+from envbisect.model.escape import printable
+
 
 class EnvBisectError(Exception):
     """Base of every error envbisect raises on purpose; exit code 2 unless stated."""
@@ -21,7 +23,12 @@ class ConfigError(EnvBisectError):
 
 
 class ManifestError(EnvBisectError):
-    """A manifest file is malformed, of another schema, or has a field of the wrong type."""
+    """A manifest file is malformed, of another schema, or has a field of the wrong type.
+    Its message is one line whatever the file held: a key read from it is escaped
+    (``packages.\\n``), never a line break in the message."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(printable(message))
 
 
 _YAML_KINDS = {
