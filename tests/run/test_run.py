@@ -423,7 +423,9 @@ def test_env_culprit_through_a_layer_chain(tmp_path: Path) -> None:
         loose_bad=b"b\n",
     )
     before = sc.fingerprint()
-    res, doc = _run_cli(sc, "--via", "env", smoke=(sys.executable, str(sc.repo / "train.py")))
+    (tmp_path / "far-home").mkdir()  # the target's HOME: its session dir goes with tmp_path
+    via = ("--via", f"env HOME={tmp_path / 'far-home'}")
+    res, doc = _run_cli(sc, *via, smoke=(sys.executable, str(sc.repo / "train.py")))
     assert res.return_value == 0, res.output
     assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert f"files:{sc.loose}" not in doc.get("not_bisected", {})
@@ -445,11 +447,13 @@ def _hash8(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()[:8]
 
 
-@pytest.mark.parametrize("via", [(), ("--via", "env")], ids=["local", "via"])
+@pytest.mark.parametrize("through", [False, True], ids=["local", "via"])
 def test_a_redacted_token_reaches_every_trial_as_the_users_real_value(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, via: tuple[str, ...]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, through: bool
 ) -> None:
     """Issue 17: every trial saw CUDA_TOKEN_X="{'redacted': ...}" and failed auth."""
+    (tmp_path / "far-home").mkdir()  # the target's HOME: its session dir goes with tmp_path
+    via = ("--via", f"env HOME={tmp_path / 'far-home'}") if through else ()
     sc = Scenario(tmp_path)
     sc.venv()
     real = "ghp_" + "R3alT0ken" * 4
