@@ -163,6 +163,14 @@ def test_outliers_are_states_beyond_either_endpoint_by_more_than_the_noise() -> 
     assert outlier(slow, good, bad, 0.03, (True, False, False)) == (
         "1.58× slower than the bad state"
     )
+    # Found as a user next: the good state's own code flagged 1.62x faster than the good
+    # state, each trial one process of 26 timed steps (spread 0.3): as independent samples
+    # the medians' error was tiny; one process each, it is not beyond the noise.
+    steps = [176.0 * f for f in (0.7, 0.8, 0.9, 1.0, 1.0, 1.1, 1.3, 1.5) * 3]
+    fast = [x * 1.62 for x in steps]
+    assert outlier(fast, steps, [], 0.3) == "1.62× faster than the good state"
+    assert outlier(fast, steps, [], 0.3, runs=(1, 1, 0)) is None
+    assert outlier(fast, steps, [], 0.3, runs=(12, 12, 0)) == "1.62× faster than the good state"
 
 
 @pytest.mark.slow

@@ -116,11 +116,12 @@ def put_into_dir(blob_dir):
     return put
 
 
-def put_into_map(blobs):
-    """A ``put`` that adds each blob to ``blobs`` (sha256 → base64), to travel back."""
+def put_into_map(blobs, have=()):
+    """A ``put`` that adds each blob to ``blobs`` (sha256 → base64), to travel back; one
+    the caller's blob store already holds (``have``) is not read or sent again."""
 
     def put(sha, source):
-        if sha in blobs:
+        if sha in blobs or sha in have:
             return
         if not isinstance(source, bytes):
             with open(source, "rb") as fh:

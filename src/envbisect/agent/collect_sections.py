@@ -343,6 +343,7 @@ def _git_repo(c, repo, env):
 
 def collect_files(c, blobs):
     limit = c.params.get("keep_blobs")
+    have = frozenset(c.params.get("have_blobs") or ())  # content the caller already holds
     out = {}
     for pattern in c.params.get("files") or []:
         if glob.has_magic(pattern):
@@ -364,7 +365,9 @@ def collect_files(c, blobs):
                 c.error("files", f"{key}: {exc.strerror}")
                 continue
             blob = None
-            if limit and size <= limit:
+            if limit and size <= limit and sha in have:  # the caller's store holds it
+                blob = sha
+            elif limit and size <= limit:
                 with open(key, "rb") as fh:
                     data = fh.read()
                 if hashlib.sha256(data).hexdigest() == sha:  # unchanged while we looked

@@ -147,7 +147,8 @@ def collect_caches(c, blobs):
         caches[name] = (path, "config")
     cap = c.params.get("keep_caches")
     blob_dir = c.params.get("cache_blob_dir")
-    put = put_into_dir(blob_dir) if blob_dir else put_into_map(blobs)
+    have = frozenset(c.params.get("have_blobs") or ())
+    put = put_into_dir(blob_dir) if blob_dir else put_into_map(blobs, have)
     out = {}
     for name, (path, source) in sorted(caches.items()):
         facts = {"path": os.path.abspath(os.path.expanduser(path)), "source": source}

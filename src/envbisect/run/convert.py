@@ -323,7 +323,9 @@ def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, .
     def flag(t: Trial) -> str | None:
         if t.failure or t is good_t or t is full_t or good_t is None:
             return None
-        bad_samples = full_t.samples if full_t is not None and not full_t.failure else ()
-        return outlier(t.samples, good_t.samples, bad_samples, sigma, t.contended)
+        bad_t = full_t if full_t is not None and not full_t.failure else None
+        bad_samples = bad_t.samples if bad_t is not None else ()
+        runs = (t.runs, good_t.runs, bad_t.runs if bad_t is not None else 0)
+        return outlier(t.samples, good_t.samples, bad_samples, sigma, t.contended, runs)
 
     return tuple(TrialRow.of(t, trial_number(t, numbers), flag(t)) for t in result.trials)

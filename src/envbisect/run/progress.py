@@ -40,6 +40,7 @@ class ProgressLines:
         self.session = session
         self.numbers = numbers  # the session's trial numbers (filled as trials are claimed)
         self.samples: dict[frozenset[str], tuple[float, ...]] = {}
+        self.runs: dict[frozenset[str], int] = {}  # processes that gave those samples
         self.all: frozenset[str] | None = None
         self.groups: dict[int, tuple[float, ...]] = {}
 
@@ -69,12 +70,18 @@ class ProgressLines:
             self.groups[number] = tuple(trial.samples)
         if not trial.state.positions:
             self.samples[trial.state.applied] = tuple(trial.samples)
+            self.runs[trial.state.applied] = trial.runs
         endpoint = not trial.state.applied or trial.state.applied == self.all
         flag = None
         if not endpoint and not trial.failure:
             sigma = Noise.from_groups(self.groups.values()).sigma
             bad = self.samples.get(self.all) if self.all is not None else None
             good = self.samples.get(frozenset(), ())
-            flag = outlier(trial.samples, good, bad or (), sigma, trial.contended)
+            runs = (
+                trial.runs,
+                self.runs.get(frozenset(), 0),
+                self.runs.get(self.all, 0) if self.all is not None else 0,
+            )
+            flag = outlier(trial.samples, good, bad or (), sigma, trial.contended, runs)
         self.session.append(VerdictEvent(number, trial.verdict.value, trial.median, flag))
         return flag

@@ -316,10 +316,16 @@ def outlier(
     bad: Sequence[float],
     sigma: float,
     contended: Sequence[bool] = (),
+    runs: tuple[int, int, int] = (0, 0, 0),
 ) -> str | None:
     """Why a state's speed is itself a finding, or None: faster than the good endpoint or
     slower than the bad one by more than the noise (z = 3 on the medians' difference, at
     least 5%). Nothing in between the endpoints explains such a state: look at its log.
+
+    ``runs``: the processes that gave the state's, the good and the bad samples (0: not
+    known). Samples from one process (a probe's timed steps) share that process's luck, so
+    a median counts as many samples as processes gave it (seen as a user: the good state's
+    own code, one process of 26 steps each, "1.62× faster than the good state").
     A state whose samples were mostly taken while other processes loaded the machine
     (``contended``, per sample) is not flagged: load that comes and goes moves a whole
     trial's median past the noise within trials (seen as a user, one core kept busy: the
@@ -329,18 +335,24 @@ def outlier(
     noise = Noise(sigma=sigma, dof=1)
     m = median(samples)
 
-    def beyond(ref: Sequence[float]) -> float:
-        se = math.hypot(noise.median_se(len(samples)), noise.median_se(len(ref)))
+    def beyond(ref: Sequence[float], ref_runs: int) -> float:
+        here, there = _independent(len(samples), runs[0]), _independent(len(ref), ref_runs)
+        se = math.hypot(noise.median_se(here), noise.median_se(there))
         return max(0.05, 3 * se)
 
     g = median(good)
-    if math.log(m) - math.log(g) > beyond(good):
+    if math.log(m) - math.log(g) > beyond(good, runs[1]):
         return f"{m / g:.2f}× faster than the good state"
     if bad:
         b = median(bad)
-        if b > 0 and math.log(b) - math.log(m) > beyond(bad):
+        if b > 0 and math.log(b) - math.log(m) > beyond(bad, runs[2]):
             return f"{b / m:.2f}× slower than the bad state"
     return None
+
+
+def _independent(samples: int, runs: int) -> int:
+    """How many independent samples ``samples`` from ``runs`` processes count as."""
+    return min(samples, runs) if runs > 0 else samples
 
 
 def trial_number(trial: Trial, numbers: Mapping[str, int]) -> int:

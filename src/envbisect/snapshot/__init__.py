@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,8 @@ def agent_params(
         "keep_blobs": config.keep_blobs,
         "keep_caches": config.keep_caches,
         "cache_blob_dir": str(config.blobs_dir.absolute()) if local else None,
+        # A remote target sends back only the content the blob store lacks.
+        "have_blobs": [] if local else held_blobs(config.blobs_dir),
         "gpu_timeout_s": gpu_timeout_s,
         "cmd_timeout_s": 10.0,
     }
@@ -143,6 +146,15 @@ def _escape_raw_bytes(sections: dict[str, Any], errors: list[dict[str, str]]) ->
             for where in found
         )
     return out
+
+
+def held_blobs(blobs_dir: Path) -> list[str]:
+    """The sha256 names of the contents already in ``blobs_dir`` (none when it is absent)."""
+    try:
+        names = os.listdir(blobs_dir)
+    except OSError:
+        return []
+    return sorted(n for n in names if len(n) == 64 and all(c in "0123456789abcdef" for c in n))
 
 
 def store_blobs(blobs: dict[str, str], blobs_dir: Path) -> list[dict[str, str]]:
