@@ -4,8 +4,11 @@
    ``python -m torch.utils.collect_env`` in the same environment. Goal: ratio <= 0.15.
 2. ``envbisect snapshot`` with a 10,000-file TorchInductor cache vs the same snapshot with
    an empty cache dir. Goal: the 10,000-file snapshot <= 1 s.
+3. (``--kept-mb N``) ``envbisect snapshot --via 'sh -c' --keep-caches`` of an N MB cache whose
+   content the blob store already holds vs the same into an empty blob store: what a
+   second snapshot of a remote target costs now that only missing content travels.
 
-Usage: python benchmarks/bench_snapshot.py [--runs N] [--python TARGET_PYTHON]
+Usage: python benchmarks/bench_snapshot.py [--runs N] [--python TARGET_PYTHON] [--kept-mb N]
 The target Python defaults to the one running this script (it must have torch installed for
 part 1). Prints a markdown table; nothing is asserted.
 """
@@ -60,7 +63,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--kept-mb", type=int, default=0, help="part 3 only, with this cache")
     args = parser.parse_args()
+    if args.kept_mb:
+        kept_through_a_layer(args.kept_mb, args.runs, args.python)
+        return
 
     envbisect = [sys.executable, "-m", "envbisect"]
     work = Path(tempfile.mkdtemp(prefix="bench-snapshot-"))
@@ -92,6 +99,36 @@ def main() -> None:
             f"| snapshot, {args.files} cache files (A) vs empty cache (B) "
             f"| {c:.3f} | {d:.3f} | {r2:.2f} | A <= 1 s |"
         )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def kept_through_a_layer(mb: int, runs: int, python: str) -> None:
+    """Part 3: a kept cache of ``mb`` MB through a real layer, store holding it (A) vs an
+    empty store (B)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-snapshot-kept-"))
+    try:
+        cache = work / "cache"
+        cache.mkdir()
+        for i in range(mb):  # 1 MB files of distinct content
+            (cache / f"k{i}.bin").write_bytes(os.urandom(1 << 20))
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+        argv = [sys.executable, "-m", "envbisect", "snapshot", "--via", "sh -c"]
+        argv += ["--python", python, "--keep-caches", f"{mb + 64}MiB", "-o", "m.yaml"]
+        store = work / "manifests" / "blobs"
+
+        def held() -> float:
+            return wall(argv, env, work)  # the store keeps what the last snapshot stored
+
+        def empty() -> float:
+            shutil.rmtree(store, ignore_errors=True)
+            return wall(argv, env, work)
+
+        a, b, r = paired(held, empty, runs)
+        print(f"runs: {runs} pairs; a {mb} MB kept cache through --via 'sh -c'\n")
+        print("| measurement | median A s | median B s | median A/B |")
+        print("|---|---|---|---|")
+        print(f"| store holds the content (A) vs empty store (B) | {a:.3f} | {b:.3f} | {r:.3f} |")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
