@@ -23,8 +23,8 @@ from envbisect.run.result import (
     TrialRow,
     TrialVerdict,
     applied_names,
-    outlier,
     trial_number,
+    trial_outlier,
 )
 from envbisect.run.triallog import read_timing
 from envbisect.search import Evidence, Isolation, SearchResult, State, Trial
@@ -324,8 +324,6 @@ def _rows(result: SearchResult, numbers: Mapping[str, int]) -> tuple[TrialRow, .
         if t.failure or t is good_t or t is full_t or good_t is None:
             return None
         bad_t = full_t if full_t is not None and not full_t.failure else None
-        bad_samples = bad_t.samples if bad_t is not None else ()
-        runs = (t.runs, good_t.runs, bad_t.runs if bad_t is not None else 0)
-        return outlier(t.samples, good_t.samples, bad_samples, sigma, t.contended, runs)
+        return trial_outlier(t, good_t, bad_t, sigma)
 
     return tuple(TrialRow.of(t, trial_number(t, numbers), flag(t)) for t in result.trials)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from envbisect.model.events import VerdictEvent
 from envbisect.model.session import Session
-from envbisect.run.result import outlier, trial_number
+from envbisect.run.result import trial_number, trial_outlier
 from envbisect.search import Event, EventKind, Trial
 from envbisect.search.verdict import Noise
 
@@ -39,8 +39,7 @@ class ProgressLines:
         self.out = out
         self.session = session
         self.numbers = numbers  # the session's trial numbers (filled as trials are claimed)
-        self.samples: dict[frozenset[str], tuple[float, ...]] = {}
-        self.runs: dict[frozenset[str], int] = {}  # processes that gave those samples
+        self.states: dict[frozenset[str], Trial] = {}  # the last trial of each whole state
         self.all: frozenset[str] | None = None
         self.groups: dict[int, tuple[float, ...]] = {}
 
@@ -69,19 +68,13 @@ class ProgressLines:
         if not trial.failure:
             self.groups[number] = tuple(trial.samples)
         if not trial.state.positions:
-            self.samples[trial.state.applied] = tuple(trial.samples)
-            self.runs[trial.state.applied] = trial.runs
+            self.states[trial.state.applied] = trial
         endpoint = not trial.state.applied or trial.state.applied == self.all
         flag = None
         if not endpoint and not trial.failure:
             sigma = Noise.from_groups(self.groups.values()).sigma
-            bad = self.samples.get(self.all) if self.all is not None else None
-            good = self.samples.get(frozenset(), ())
-            runs = (
-                trial.runs,
-                self.runs.get(frozenset(), 0),
-                self.runs.get(self.all, 0) if self.all is not None else 0,
-            )
-            flag = outlier(trial.samples, good, bad or (), sigma, trial.contended, runs)
+            good = self.states.get(frozenset())
+            bad = self.states.get(self.all) if self.all is not None else None
+            flag = trial_outlier(trial, good, bad, sigma) if good is not None else None
         self.session.append(VerdictEvent(number, trial.verdict.value, trial.median, flag))
         return flag

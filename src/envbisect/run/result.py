@@ -350,6 +350,19 @@ def outlier(
     return None
 
 
+def trial_outlier(trial: Trial, good: Trial, bad: Trial | None, sigma: float) -> str | None:
+    """``outlier`` of an engine trial against the endpoint trials (``bad``: None when it
+    is not measured or not to be compared), with its contention flags and processes."""
+    return outlier(
+        trial.samples,
+        good.samples,
+        bad.samples if bad is not None else (),
+        sigma,
+        trial.contended,
+        (trial.runs, good.runs, bad.runs if bad is not None else 0),
+    )
+
+
 def _independent(samples: int, runs: int) -> int:
     """How many independent samples ``samples`` from ``runs`` processes count as."""
     return min(samples, runs) if runs > 0 else samples
