@@ -478,3 +478,49 @@ def test_compiling_inside_a_timed_window_makes_the_rate_over_all_windows_the_one
     assert len(windows) == 3
     # the one sample is tokens over the time of all windows: below their median
     assert grown["tok_per_s"] < sorted(windows)[1]
+
+
+# ----------------------------------------------------------------------------- flex decoding
+
+
+def _flex_attend(monkeypatch: pytest.MonkeyPatch, **over: object) -> list[object]:
+    """The kernel_options each flex_attention call of a micro drafter's attention got (a
+    real forward on CPU, no grad: flex has no CPU backward)."""
+    import torch.nn.attention.flex_attention as fa
+
+    seen: list[object] = []
+    real = fa.flex_attention
+
+    def spy(q, k, v, **kw):  # type: ignore[no-untyped-def]
+        seen.append(kw.get("kernel_options"))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(fa, "flex_attention", spy)
+    p = drafter_params.resolve_params(micro(attn="flex", compile=False, **over), False)
+    trainer = drafter_model.Trainer(torch, p)
+    batch = trainer.make_batch(p["seq_len"], p["anchors"])
+    attend = trainer.build_attend(batch)
+    bs, n = p["block_size"], p["anchors"]
+    q = torch.randn(1, p["heads"], n * bs, p["head_dim"])
+    kv = torch.randn(1, p["kv_heads"], p["seq_len"] + n * bs, p["head_dim"])
+    with torch.no_grad():
+        out = attend(q, kv, kv)
+    assert out.shape == q.shape and bool(torch.isfinite(out).all())
+    return seen
+
+
+def test_flex_attention_keeps_the_main_kernel_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The field's data on torch 2.11: a short query whose length the recompile made dynamic
+    # went to the flex-decoding kernel, whose autotune had no valid choice.
+    assert drafter_params.DEFAULTS["flex_decoding"] == "off"
+    assert _flex_attend(monkeypatch) == [{"FORCE_USE_FLEX_ATTENTION": True}]
+
+
+def test_flex_decoding_auto_leaves_the_kernel_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _flex_attend(monkeypatch, flex_decoding="auto") == [None]
+
+
+def test_flex_decoding_refuses_an_unknown_choice() -> None:
+    result = drafter.run(micro(flex_decoding="sometimes"))
+    assert result["error"]["stage"] == "params"
+    assert "unknown flex decoding 'sometimes' (off, auto)" in result["error"]["message"]

@@ -41,6 +41,7 @@ from envbisect.agent.drafter_params import (
     COMPILE_UNITS,
     ENV_REPORTED,
     MASK_BUILDS,
+    FLEX_DECODING,
     NESTED_FX,
     PRESETS,
     RESULT_ENV,
@@ -191,6 +192,7 @@ def build_arg_parser():
     ap.add_argument("--compile-unit", choices=("auto",) + COMPILE_UNITS, default=None)
     ap.add_argument("--mask-build", choices=MASK_BUILDS, default=None)
     ap.add_argument("--nested-fx", choices=NESTED_FX, default=None)
+    ap.add_argument("--flex-decoding", choices=FLEX_DECODING, default=None)
     ap.add_argument("--mask-compile", choices=["auto", "on", "off"], default=None)
     ap.add_argument("--patch-module", default=None, help="a .py file imported first")
     ap.add_argument("--samples", type=int, default=None, help="timed windows after warm-up")

@@ -30,16 +30,30 @@ def compile_kwargs(p):
     return kw
 
 
+def flex_kernel_options(p):
+    """flex_attention's ``kernel_options`` for the ``flex_decoding`` knob. "off" forces the
+    main flex kernel for every query length: inductor lowers a query shorter than 128 rows to
+    the flex-decoding kernel, and once varying data lengths make that length symbolic (the
+    recompile marks it dynamic) torch 2.11's decoding autotune has no valid choice for the
+    shape and the compile fails with NoValidChoicesError (benchmarks/device/flex_decoding.py).
+    "auto" leaves the choice to torch."""
+    if p.get("flex_decoding", "off") == "off":
+        return {"FORCE_USE_FLEX_ATTENTION": True}
+    return None
+
+
 def _compiled_flex(torch, flex_attention, kw):
     """One compiled flex_attention per process, as a model file's module-level
     ``flex_attention = torch.compile(flex_attention)`` gives every thread."""
     key = tuple(sorted(kw.items()))
 
-    def flex_call(q, k, v, block_mask=None, enable_gqa=False):
+    def flex_call(q, k, v, block_mask=None, enable_gqa=False, kernel_options=None):
         if not torch.compiler.is_compiling():  # dynamo ran it unoptimized: scores materialized
             FLEX_EAGER_CALLS[0] += 1
             _count_eager_attention()
-        return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=enable_gqa)
+        return flex_attention(
+            q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, kernel_options=kernel_options
+        )
 
     with _COMPILED_FLEX_LOCK:
         if key not in _COMPILED_FLEX:
@@ -378,6 +392,7 @@ class Trainer:
         bs = p["block_size"]
         gqa = p["heads"] != p["kv_heads"]
         compiled_mask = bool(p["mask_compile"])
+        options = flex_kernel_options(p)
         flex = flex_attention
         if p["compile"] and p["compile_unit"] == "flex":
             flex = _compiled_flex(torch, flex_attention, compile_kwargs(p))
@@ -390,8 +405,10 @@ class Trainer:
                     FLEX_EAGER_CALLS[0] += 1  # the unfused path: scores materialized
                     _count_eager_attention()
                 if gqa:
-                    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
-                return flex(q, k, v, block_mask=block_mask)
+                    return flex(
+                        q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=options
+                    )
+                return flex(q, k, v, block_mask=block_mask, kernel_options=options)
 
             return attend
 

@@ -124,6 +124,11 @@ DEFAULTS = {
     # the field's RuntimeError), "unoptimized" (error_on_nested_fx_trace = False: the call
     # runs without dynamo), "force" (force_compile_during_fx_trace = True, torch >= 2.11)
     "nested_fx": "error",
+    # inductor's kernel for a flex_attention query shorter than 128 rows: "off" (the main
+    # flex kernel always; see drafter_model.flex_kernel_options: with varying data lengths
+    # torch 2.11 cannot compile the decoding kernel for the symbolic length), "auto" (torch's
+    # own choice, the decoding kernel)
+    "flex_decoding": "off",
     "patch_module": None,  # a .py file imported before the drafters are built
     "samples": 1,  # timed windows of `steps` steps each, after one warm-up
     # CPU threads of torch's intra-op pool on a CPU device: None sizes them to the cores
@@ -136,6 +141,7 @@ DEFAULTS = {
 COMPILE_UNITS = ("model", "layer", "flex")
 MASK_BUILDS = ("step", "locked", "once")
 NESTED_FX = ("error", "unoptimized", "force")
+FLEX_DECODING = ("off", "auto")
 
 ENV_REPORTED = (
     "TORCH_COMPILE_DISABLE",
@@ -250,6 +256,7 @@ def _resolve_race_knobs(p):
         p["mask_compile"] = p["mask_compile"] == "on"
     p["mask_compile"] = bool(p["mask_compile"])
     _check_choice(p["nested_fx"], "nested_fx", NESTED_FX)
+    _check_choice(p["flex_decoding"], "flex decoding", FLEX_DECODING)
     if p["patch_module"] and not os.path.isfile(p["patch_module"]):
         raise ValueError("patch module {!r}: no such file".format(p["patch_module"]))
 

@@ -393,6 +393,7 @@ def _apply_race_knobs(torch, p):
         "mask_build": p["mask_build"],
         "mask_compile": p["mask_compile"],
         "nested_fx": p["nested_fx"],
+        "flex_decoding": p["flex_decoding"],
         "patch_module": None,
     }
     config = torch._dynamo.config  # private: dynamo's options live only there

@@ -63,6 +63,14 @@ def _load_config(config_path: str | None) -> Any:
     "error_on_nested_fx_trace=False (runs unoptimized), force_compile_during_fx_trace=True.",
 )
 @click.option(
+    "--flex-decoding",
+    type=click.Choice(["off", "auto"]),
+    default=None,
+    help="inductor's flex-decoding kernel for a query shorter than 128 rows: off (default: "
+    "the main flex kernel always; torch 2.11 cannot compile the decoding kernel once varying "
+    "data lengths make the query length dynamic: NoValidChoicesError) or auto (torch's choice).",
+)
+@click.option(
     "--patch-module",
     metavar="PATH",
     default=None,
