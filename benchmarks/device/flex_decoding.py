@@ -78,7 +78,8 @@ def main() -> int:
     print(f"{'mode':<6} {'run':>3} {'ok':<5} {'wall_s':>7} {'tok/s':>10}  error")
     for r in rows:
         tps = f"{r['tok_per_s']:.0f}" if r["tok_per_s"] else "-"
-        print(f"{r['mode']:<6} {r['run']:>3} {r['ok']!s:<5} {r['wall_s']:>7} {tps:>10}  {r['error']}")
+        head = f"{r['mode']:<6} {r['run']:>3} {r['ok']!s:<5} {r['wall_s']:>7} {tps:>10}"
+        print(f"{head}  {r['error']}")
     return 0
 
 

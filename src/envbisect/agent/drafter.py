@@ -40,8 +40,8 @@ from envbisect.agent.drafter_facts import CpuWindow, device_facts, loadavg, set_
 from envbisect.agent.drafter_params import (
     COMPILE_UNITS,
     ENV_REPORTED,
-    MASK_BUILDS,
     FLEX_DECODING,
+    MASK_BUILDS,
     NESTED_FX,
     PRESETS,
     RESULT_ENV,
