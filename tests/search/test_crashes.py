@@ -54,7 +54,10 @@ def test_a_bad_endpoint_that_is_not_slow_is_run_looking_for_a_crash() -> None:
     bad = w.scheduler.start(State.of(("a",)), "endpoint: bad", 3)
     w.crashes.look(bad)
     assert bad.runs == 4 and bad.crashes == 0
-    assert w.messages()[-1] == "trial 1: not slow; run 4 of 4 looking for an intermittent crash"
+    assert w.messages()[-1] == (
+        "trial 1: not slow; run 4 of 4 looking for an intermittent crash; at most 1 more run: "
+        "ends at the first crash, or at 4 runs (--crash-runs)"
+    )
 
 
 class WarmRace:

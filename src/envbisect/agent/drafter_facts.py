@@ -104,6 +104,7 @@ def memory_facts(torch, device):
             return {
                 "peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
                 "peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+                "total_bytes": int(torch.cuda.get_device_properties(device).total_memory),
                 "alloc_retries": int(stats.get("num_alloc_retries", 0)),
                 "ooms": int(stats.get("num_ooms", 0)),
             }

@@ -205,11 +205,19 @@ def _memory_facts(torch):
     cuda = getattr(torch, "cuda", None)
     if cuda is None or not cuda.is_initialized():
         return {"cuda": False}
-    peak, ooms = 0, 0
+    peak, reserved, total, ooms = 0, 0, 0, 0
     for i in range(cuda.device_count()):
         peak = max(peak, int(cuda.max_memory_allocated(i)))
+        reserved = max(reserved, int(cuda.max_memory_reserved(i)))
+        total = max(total, int(cuda.get_device_properties(i).total_memory))
         ooms += int(cuda.memory_stats(i).get("num_ooms", 0))
-    return {"cuda": True, "peak_allocated_bytes": peak, "ooms": ooms}
+    return {
+        "cuda": True,
+        "peak_allocated_bytes": peak,
+        "peak_reserved_bytes": reserved,  # what runs at once must fit (run.together)
+        "total_bytes": total,
+        "ooms": ooms,
+    }
 
 
 def _fx_facts():

@@ -23,6 +23,7 @@ class ProcStat(NamedTuple):
     utime: int  # clock ticks
     stime: int  # clock ticks
     starttime: int  # clock ticks after boot
+    rss: int = 0  # resident pages
 
 
 def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
@@ -41,6 +42,7 @@ def parse_stat(pid: int, raw: bytes) -> ProcStat | None:
             int(fields[11]),
             int(fields[12]),
             int(fields[19]),
+            int(fields[21]),
         )
     except (IndexError, ValueError):
         return None

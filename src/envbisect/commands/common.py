@@ -87,6 +87,18 @@ def session_root(config: Config, session_dir: str | None) -> Path:
     return Path(session_dir) if session_dir else config.root / ".envbisect" / "session"
 
 
+def at_once(ctx: click.Context, param: click.Parameter, value: Any) -> int | None:
+    """Callback of ``--rate-runs-at-once``: ``auto`` (None) or a whole number of at least 1."""
+    from envbisect.model.errors import UsageError
+
+    text = str(value).strip()
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"--rate-runs-at-once {value!r}: expected auto or a whole number >= 1")
+    return int(text)
+
+
 def seconds(ctx: click.Context, param: click.Parameter, value: Any) -> float:
     """Callback of every ``--timeout``: a positive, finite number of seconds, else one
     UsageError line (nan, inf, 0 and negatives would never end a run or end it at once)."""

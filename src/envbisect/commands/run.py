@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from envbisect.commands.common import (
+    at_once,
     command_words,
     config_option,
     hang_option,
@@ -94,16 +95,17 @@ if TYPE_CHECKING:
 @click.option(
     "--rate-runs-at-once",
     "rate_together",
-    type=click.IntRange(min=1),
-    default=1,
+    default="auto",
     show_default=True,
-    help="Run every run that only counts crashes this many processes at once: the bad "
+    callback=at_once,
+    help="How many processes at once for every run that only counts crashes: the bad "
     "state's crash-rate estimate, the clean runs that clear a state of it, the good "
-    "state's own rate, a culprit's rate. A state's first run goes alone (its figure is the "
-    "one kept); each process gets its own copy of the compile caches. A crash rate needs no "
-    "clean timing (on an H100, 3 at once took about 40 s, where one after the other takes "
-    "about 3 x 45 s). Keep 1 when one copy of your command fills the GPU's memory (an "
-    "out-of-memory crash would count as a crash). Local targets only, not with --workers.",
+    "state's own rate, a culprit's rate. auto: as many as the cores, the host memory and "
+    "the GPU memory allow, judged by what the first runs used (said as it is chosen; one "
+    "at a time through --via/--target or with --workers); N: that many; 1: one after the "
+    "other. A state's first run goes alone (its figure is the one kept); each process gets "
+    "its own copy of the compile caches. A crash rate needs no clean timing (on an H100, 3 "
+    "at once took about 40 s, where one after the other takes about 3 x 45 s).",
 )
 @click.option(
     "--cpu-threads",
@@ -290,7 +292,7 @@ class RunFlags:
     on_crash: str
     crash_runs: int
     crash_rate_runs: int
-    rate_together: int
+    rate_together: int | None
     hang_after_s: float
     find_all: bool
     recheck_loaded: bool

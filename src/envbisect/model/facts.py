@@ -12,7 +12,7 @@ tracing flag, threads, CUDA memory and warnings did in that process::
                 flag_at_exit, flag_outside_trace {thread number: times seen},
                 flag_from_other_thread {thread number: times seen}}
     threads    {called_compiled, alive_at_exit [...], errors [...]}
-    memory     {cuda, peak_allocated_bytes, ooms}
+    memory     {cuda, peak_allocated_bytes, peak_reserved_bytes, total_bytes, ooms}
     warnings   [{category, message, count}]
     crash      {class, message} | null
 
@@ -82,6 +82,8 @@ def from_drafter(result: Mapping[str, Any]) -> dict[str, Any]:
         "memory": {
             "cuda": "peak_allocated_bytes" in mem,
             "peak_allocated_bytes": mem.get("peak_allocated_bytes"),
+            "peak_reserved_bytes": mem.get("peak_reserved_bytes"),
+            "total_bytes": mem.get("total_bytes"),
             "ooms": mem.get("ooms"),
         },
         "warnings": [

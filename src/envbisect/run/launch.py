@@ -111,6 +111,7 @@ class Launch:
     reading: Measurement | None = None
     probed: bool = False  # ran under the probe (envbisect.run.probed); argv is as typed
     facts: Mapping[str, Any] | None = None  # what the probe delivered (steps timed, ...)
+    peak_rss_bytes: int | None = None  # a local run: its processes' most memory at once
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,7 @@ def _launch(
         stdout=res.stdout(),
         stderr=res.stderr_path.read_bytes(),
         hung_s=res.hung_s,
+        peak_rss_bytes=res.peak_rss_bytes,
     )
 
 

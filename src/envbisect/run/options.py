@@ -43,7 +43,8 @@ class RunOptions:
     on_crash: str = "bad"
     crash_runs: int = 0  # runs of a bad endpoint that is not slow, looking for a crash
     crash_rate_runs: int = 5  # runs of a culprit's state that crashed, for its rate
-    rate_together: int = 1  # of those, how many run at once (--rate-runs-at-once)
+    # of those, how many run at once (--rate-runs-at-once N; None: auto, run.together)
+    rate_together: int | None = None
     hang_after_s: float = 0.0  # end a run that used no CPU time this long (0: off)
     find_all: bool = False  # go on after the first cause while reverting it is not enough
     recheck_loaded: bool = False  # measure again a verdict taken under passing load
@@ -55,6 +56,14 @@ class RunOptions:
     workers: tuple[Worker, ...] = ()  # (): one, the target
     trust: tuple[Path, ...] = ()  # foreign manifests the user accepted (--trust)
     profile: ProfileRequest | None = None  # --profile: the culprit's evidence profiled
+
+    def at_once_one_why(self) -> str | None:
+        """Why ``--rate-runs-at-once auto`` runs one at a time here (None: it need not)."""
+        if self.workers:
+            return "with workers each run takes a worker of its own"
+        if self.transport.layers:
+            return "a target behind --via/--target keeps its caches out of reach for copies"
+        return None
 
     def search_settings(self, ordered: Mapping[str, Sequence[str]], workers: int) -> SearchSettings:
         """What the engine is asked: these options, the ordered units, ``workers`` at once."""
@@ -69,7 +78,7 @@ class RunOptions:
             workers=workers,
             crash_runs=self.crash_runs,
             crash_rate_runs=self.crash_rate_runs,
-            rate_together=self.rate_together,
+            rate_together=self.rate_together or 1,
             find_all=self.find_all,
             recheck_loaded=self.recheck_loaded,
         )
@@ -90,12 +99,12 @@ def validate_options(options: RunOptions) -> None:
         raise UsageError("--resume and --fresh exclude each other: continue or replace")
     if options.max_trials is not None and options.max_trials < 2:
         raise UsageError("--max-trials must be at least 2 (the two endpoints come first)")
-    if options.rate_together > 1 and options.workers:
+    if (options.rate_together or 0) > 1 and options.workers:
         raise UsageError(
             "--rate-runs-at-once runs several processes on the one target; with workers "
             "each run takes a worker of its own: leave it at 1"
         )
-    if options.rate_together > 1 and options.transport.layers:
+    if (options.rate_together or 0) > 1 and options.transport.layers:
         raise UsageError(
             "--rate-runs-at-once needs a local target: each process gets its own copy of "
             "the compile caches, which a target behind --via/--target keeps out of reach"

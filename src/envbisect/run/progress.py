@@ -10,8 +10,11 @@ from envbisect.model.session import Session
 from envbisect.run.result import trial_number, trial_outlier
 from envbisect.search import Event, EventKind, Trial
 from envbisect.search.verdict import Noise
+from envbisect.search.wording import Say
 
 Progress = Callable[[str], None]
+# What ``runs`` more crash-counting runs, ``width`` at a time, may take (None: not known yet).
+RunCost = Callable[[int, int], float | None]
 
 
 def quiet(_line: str) -> None:
@@ -35,8 +38,15 @@ class ProgressLines:
     """The engine's progress events as lines, numbered as the session numbers trials; every
     verdict is logged (``envbisect log`` prints what ``run`` printed) and outliers flagged."""
 
-    def __init__(self, out: Progress, session: Session, numbers: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        out: Progress,
+        session: Session,
+        numbers: Mapping[str, int],
+        cost: RunCost | None = None,
+    ) -> None:
         self.out = out
+        self.cost = cost  # a crash-counting phase's lines say their expected time
         self.session = session
         self.numbers = numbers  # the session's trial numbers (filled as trials are claimed)
         self.states: dict[frozenset[str], Trial] = {}  # the last trial of each whole state
@@ -58,6 +68,11 @@ class ProgressLines:
                 flag = self._finished(trial, number)
                 if flag:
                     message += f" — outlier: {flag}; see its trial.json"
+        reason = event.reason
+        if reason is not None and reason.code is Say.RATE_COST and self.cost is not None:
+            seconds = self.cost(reason.data["left"], reason.data["width"])
+            if seconds is not None:
+                message += f"; about {_duration(seconds)} at the pace so far"
         left = f" (about {event.trials_left} trials left)" if event.trials_left is not None else ""
         self.out(f"{message}{left}")
 
@@ -78,3 +93,14 @@ class ProgressLines:
             flag = trial_outlier(trial, good, bad, sigma) if good is not None else None
         self.session.append(VerdictEvent(number, trial.verdict.value, trial.median, flag))
         return flag
+
+
+def _duration(seconds: float) -> str:
+    """``under 1 s``, ``40 s``, ``3.5 min``, ``1.2 h``."""
+    if seconds < 1:
+        return "under 1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -212,7 +212,7 @@ def _search(
 ) -> SearchResult:
     """The engine over ``units``, one trial at a time or on the run's workers."""
     options, session, progress = context.options, context.session, tester.progress
-    events = ProgressLines(progress, session, tester.index_of)
+    events = ProgressLines(progress, session, tester.index_of, tester.at_once.expected_s)
     on_event: Callable[[Event], None] = events
     pool: WorkerPool | None = None
     if options.workers:
@@ -231,8 +231,16 @@ def _search(
         on_event = both_handlers(pool.progress, events)
     settings = options.search_settings(ordered, len(pool.workers) if pool is not None else 1)
     # Runs at once for a crash rate share this runner's machine (workers: one run each).
-    rate = tester.together if pool is None and options.rate_together > 1 else None
-    result = search(units, tester, settings, progress=on_event, test_many=pool, test_rate=rate)
+    at_once = pool is None and tester.at_once.enabled
+    result = search(
+        units,
+        tester,
+        settings,
+        progress=on_event,
+        test_many=pool,
+        test_rate=tester.together if at_once else None,
+        rate_width=tester.at_once.width if at_once else None,
+    )
     if result.interrupted:
         raise KeyboardInterrupt
     return result

@@ -150,6 +150,7 @@ class TrialRunner:
         self.fill_notes: list[str] = []  # how warm caches were made, for the result
         self.allocations: Allocations | None = None
         self.guard = cmdcheck.EndpointGuard()
+        self.at_once = together.RunsAtOnce.for_run(options, progress)
         # Trials whose compiled code is the same share one warm compile cache (never when
         # a cache is itself a unit of the difference: envbisect.run.compilecache).
         self.compile_caches = CompileCaches.for_run(
@@ -456,7 +457,7 @@ class TrialRunner:
         specs = [self._spec(work, realized, name, 1) for name in names]
         specs = [replace(s, env=together.own_caches(s.env, copies / s.name)) for s in specs]
         try:
-            logs, found = together.run_at_once(self.o.smoke, specs)
+            logs, found = self.at_once.run(self.o.smoke, specs)
         finally:
             shutil.rmtree(copies, ignore_errors=True)
         work.runs.extend(logs)
@@ -556,6 +557,7 @@ class TrialRunner:
                 together.empty_dir(Path(path))
         window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
+        self.at_once.saw(work.runs[-1])
         if window is not None:
             # Measured here, on the machine the run used: a remote target's load is not ours.
             reading = window.finish()

@@ -8,12 +8,20 @@ one-sided Fisher test at the per-state confidence); otherwise its clean runs jud
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from envbisect.model.failure import CRASH_KINDS
-from envbisect.search.crashrate import CrashRate, clear_confidence, more_often, runs_to_clear
+from envbisect.search.crashrate import (
+    ESTIMATE_RUNS,
+    CrashRate,
+    clear_confidence,
+    more_often,
+    runs_to_clear,
+)
 from envbisect.search.result import EventKind
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.state import OnFailure
-from envbisect.search.wording import Reason, Say, say
+from envbisect.search.wording import RATE_RULES, Reason, Say, say
 
 
 class CrashWatch:
@@ -28,13 +36,16 @@ class CrashWatch:
         crash_runs: int,
         rate_runs: int = 5,
         rate_together: int = 1,
+        rate_width: Callable[[], int] | None = None,
     ) -> None:
         self.cache = cache
         self.units = units
         self.on_failure = on_failure
         self.crash_runs = crash_runs
         self.rate_runs = rate_runs
-        self.together = rate_together
+        # How many crash-counting runs go at once: ``rate_width()`` when the caller sizes
+        # them as it goes (``--rate-runs-at-once auto``: the first runs' memory), else fixed.
+        self.width = rate_width or (lambda: rate_together)
         self.rate: CrashRate | None = None
         self.clear_runs = 1
         self.base: Record | None = None  # the good state, when it crashes now and then
@@ -52,7 +63,7 @@ class CrashWatch:
         every state that runs clean is run until it would have shown such a rate."""
         while not (rate := CrashRate(bad.crashes, bad.runs)).estimated():
             said = say(Say.CRASH_ESTIMATE, index=bad.index, rate=rate)
-            self._more(bad, rate.runs_to_estimate(), said)
+            self._more(bad, rate.runs_to_estimate(), said, bound=ESTIMATE_RUNS)
         self.rate = CrashRate(bad.crashes, bad.runs)
         confidence = clear_confidence(self.units)
         self.clear_runs = runs_to_clear(self.rate, confidence)
@@ -115,23 +126,39 @@ class CrashWatch:
         while not good.samples and good.runs < GOOD_TRIES:
             self._once_more(good, Say.GOOD_RETRY, GOOD_TRIES)
 
-    def _more(self, rec: Record, of: int, said: Reason, *, alone: int = 1) -> None:
-        """One more run of ``rec`` toward ``of`` runs, said with ``said``; with ``together``
+    def _more(
+        self, rec: Record, of: int, said: Reason, *, alone: int = 1, bound: int | None = None
+    ) -> None:
+        """One more run of ``rec`` toward ``of`` runs, said with ``said``; with ``width()``
         > 1 (``--rate-runs-at-once``) and a reason in ``AT_ONCE_WHY``, the runs left instead,
-        up to ``together`` processes at once (only whether each crashed counts: their figures
+        up to ``width()`` processes at once (only whether each crashed counts: their figures
         are not kept), once the state has a figure of its own or ``alone`` runs one after
-        the other (a clean run alone gives the figure its line shows)."""
+        the other (a clean run alone gives the figure its line shows). Each line says the
+        phase's cost: the runs it may still take (up to ``bound``, default ``of``), and the
+        rule that ends it (``RATE_RULES``)."""
         left = of - rec.runs
+        width = self.width()
         why = AT_ONCE_WHY.get(said.code)
-        if why and self.together > 1 and left > 1 and (rec.samples or rec.runs >= alone):
-            runs = min(left, self.together)
+        at_once = bool(why) and width > 1 and left > 1 and bool(rec.samples or rec.runs >= alone)
+        step = said
+        if at_once:
             rate = CrashRate(rec.crashes, rec.runs)
-            at_once = say(Say.RUNS_AT_ONCE, index=rec.index, rate=rate, runs=runs, why=why)
-            self.cache.emit(EventKind.MORE_SAMPLES, at_once, rec)
-            self.cache.call_rate(rec, runs)
-            return
-        self.cache.emit(EventKind.MORE_SAMPLES, said, rec)
-        self.cache.call(rec, 1)
+            step = say(Say.RUNS_AT_ONCE, index=rec.index, rate=rate, runs=min(left, width), why=why)
+        rule = RATE_RULES.get(said.code)
+        if rule is not None:
+            most = max(bound or of, of)
+            step = say(
+                Say.RATE_COST,
+                step=step,
+                left=most - rec.runs,
+                width=width if at_once else 1,
+                rule=rule(most),
+            )
+        self.cache.emit(EventKind.MORE_SAMPLES, step, rec)
+        if at_once:
+            self.cache.call_rate(rec, min(left, width))
+        else:
+            self.cache.call(rec, 1)
 
     def _once_more(self, rec: Record, why: Say, of: int, *, alone: int = 1) -> None:
         """One more run of ``rec`` (``_more``), said with its crash rate so far and the runs

@@ -128,6 +128,7 @@ class _Engine:
         replay: Mapping[State, Outcome],
         test_many: BatchTestFn | None = None,
         test_rate: RateTestFn | None = None,
+        rate_width: Callable[[], int] | None = None,
     ) -> None:
         self.units = Units(units)
         everything = self.units.everything
@@ -156,6 +157,7 @@ class _Engine:
             crash_runs=settings.crash_runs,
             rate_runs=settings.crash_rate_runs,
             rate_together=settings.rate_together,
+            rate_width=rate_width,
         )
         sampling = {"repeats": settings.repeats, "max_samples": settings.max_samples}
         self.scheduler: Scheduler = (
@@ -285,6 +287,7 @@ def search(
     replay: Mapping[State, Outcome] | None = None,
     test_many: BatchTestFn | None = None,
     test_rate: RateTestFn | None = None,
+    rate_width: Callable[[], int] | None = None,
     **options: Any,
 ) -> SearchResult:
     """Find the unit(s) whose application turns the good state slow.
@@ -297,7 +300,8 @@ def search(
     — both endpoints together, k-ary splits, both confirmations together, k commits at a
     time — and ``test_many([(state, n), ...])`` measures them (default: ``test`` on each in
     turn). With k = 1 the search is exactly the sequential one. ``test_rate(state, n)``:
-    ``n`` processes of ``state`` at once for a culprit's crash rate (``rate_together``).
+    ``n`` processes of ``state`` at once for a culprit's crash rate (``rate_together``, or
+    ``rate_width()`` asked each time when the caller sizes them as it goes).
     """
     settings = replace(settings or SearchSettings(), **options)
     settings.validate(units)
@@ -309,6 +313,7 @@ def search(
         replay=replay or {},
         test_many=test_many,
         test_rate=test_rate,
+        rate_width=rate_width,
     )
     try:
         return engine.run()

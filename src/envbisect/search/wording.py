@@ -33,6 +33,7 @@ class Say(str, Enum):
     CRASH_BASELINE = "crash-baseline"
     AGAINST_BASE = "against-base"
     CLEAN_RUN = "clean-run"
+    RATE_COST = "rate-cost"
     MEASURE_AGAIN = "measure-again"
     MEASURING_ENDPOINTS = "measuring-endpoints"
     ISOLATING = "isolating"
@@ -169,6 +170,24 @@ def _aborted(why: Reason, found: Reason | None, candidates: int) -> str:
     return f"{why.text()}{known}; the cause is among {candidates} units"
 
 
+# The rule that ends each crash-counting phase, by the code its runs are said with; ``of``:
+# the runs the phase goes to at most.
+RATE_RULES: dict[Say, Callable[[int], str]] = {
+    Say.CRASH_ESTIMATE: lambda of: (
+        f"the rate is known at 3 crashes in every run, at 3 crashes in 10 or more runs, "
+        f"or at {of} runs"
+    ),
+    Say.LOOK_FOR_CRASH: lambda of: f"ends at the first crash, or at {of} runs (--crash-runs)",
+    Say.CLEAN_RUN: lambda of: f"ends at a crash, or at {of} clean runs",
+    Say.CULPRIT_RATE: lambda of: f"ends at {of} runs (--crash-rate-runs)",
+    Say.BASE_RATE: lambda of: f"ends at {of} runs",
+    Say.AGAINST_BASE: lambda of: (
+        f"ends once its rate tells from the good state's (Fisher test), or at {of} runs"
+    ),
+    Say.GOOD_RETRY: lambda of: f"ends at its first clean run, or at {of} runs",
+}
+
+
 # Each code's sentence, from the data its reason carries.
 SENTENCES: dict[Say, Callable[..., str]] = {
     Say.TRIAL_STARTED: lambda index, state, purpose: (
@@ -217,6 +236,10 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     ),
     Say.CLEAN_RUN: lambda index, runs, of, rate: (
         f"trial {index}: clean run {runs} of {of} needed (the bad state {rate.describe()})"
+    ),
+    Say.RATE_COST: lambda step, left, width, rule: (
+        f"{step.text()}; at most {left} more run{'' if left == 1 else 's'}"
+        f"{f', {width} at a time' if width > 1 else ''}: {rule}"
     ),
     Say.MEASURE_AGAIN: _measure_again,
     Say.MEASURING_ENDPOINTS: lambda: "measuring the endpoints",

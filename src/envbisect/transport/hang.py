@@ -47,6 +47,36 @@ def group_cpu_s(pgid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def group_rss_bytes(pgid: int) -> int:
+    """Resident bytes of the processes now in group ``pgid`` together (``agent.procfs``)."""
+    pages = 0
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return 0
+    for pid in pids:
+        stat = read_stat(pid)
+        if stat is not None and stat.pgrp == pgid:
+            pages += stat.rss
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakWatch:
+    """The most resident memory one run's process group held at once, read every
+    ``PEAK_TICK_S`` (a local run only: what a crash-counting run at once needs of the host;
+    ``run.together``)."""
+
+    def __init__(self, pgid: int) -> None:
+        self.pgid = pgid
+        self.peak_bytes = 0
+
+    def read(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, group_rss_bytes(self.pgid))
+
+
+PEAK_TICK_S = 0.5
+
+
 class HangWatch:
     """Reads of one run's group CPU time; ``hung()`` once the last ``idle_s`` used none."""
 

@@ -19,7 +19,7 @@ from typing import IO, Any
 from envbisect.model.errors import TransportError
 from envbisect.transport import reaper
 from envbisect.transport.bundle import Bundle, build_bundle, find_frame
-from envbisect.transport.hang import TICK_S, HangSpec, HangWatch
+from envbisect.transport.hang import PEAK_TICK_S, TICK_S, HangSpec, HangWatch, PeakWatch
 from envbisect.transport.layers import Layer, LayerKind, parse_layer, shell_join
 
 # Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN, 32 pages, incl. NUL).
@@ -50,6 +50,7 @@ class ProcessResult:
     stderr_path: Path
     killed: tuple[str, ...] = ()
     hung_s: float | None = None  # ended as hung (``hang``): seconds it used no CPU time
+    peak_rss_bytes: int | None = None  # a local run: its process group's most memory at once
 
     def stdout(self) -> bytes:
         return self.stdout_path.read_bytes()
@@ -130,8 +131,9 @@ class Transport:
         with _private_log(out_path) as out, _private_log(err_path) as err:
             proc = self._start(full, out, err, run_env, cwd)
             watch = HangWatch(proc.pid, hang) if hang is not None and not self.layers else None
+            peak = PeakWatch(proc.pid) if not self.layers else None
             timed_out, killed = _wait_and_end_leftovers(
-                proc, stdin, timeout_s, tag, log_dir / f"{name}.killed", watch
+                proc, stdin, timeout_s, tag, log_dir / f"{name}.killed", watch, peak
             )
         return ProcessResult(
             argv=tuple(full),
@@ -142,6 +144,7 @@ class Transport:
             stderr_path=err_path,
             killed=tuple(killed),
             hung_s=None if watch is None or watch.hung_for is None else round(watch.hung_for, 1),
+            peak_rss_bytes=(peak.peak_bytes or None) if peak is not None else None,
         )
 
     def _start(
@@ -225,6 +228,7 @@ def _wait_and_end_leftovers(
     tag: str,
     killed_path: Path,
     watch: HangWatch | None = None,
+    peak: PeakWatch | None = None,
 ) -> tuple[bool, list[str]]:
     """Feed and wait for ``proc`` (killing its group at the timeout or on any exception),
     then end what it left behind, listed in ``killed_path``; whether it timed out, and the
@@ -234,7 +238,7 @@ def _wait_and_end_leftovers(
     since = reaper.run_started(proc.pid, tag)
     killed: list[str] = []
     try:
-        timed_out = not _feed_and_wait(proc, stdin, timeout_s, watch)
+        timed_out = not _feed_and_wait(proc, stdin, timeout_s, watch, peak)
         if timed_out:
             if watch is not None and watch.hung_for is not None:
                 _ask_for_stacks(proc, watch.spec.stack_signal)
@@ -258,9 +262,10 @@ def _feed_and_wait(
     data: bytes,
     timeout_s: float | None,
     watch: HangWatch | None = None,
+    peak: PeakWatch | None = None,
 ) -> bool:
     """Feed stdin and wait for the exit; False when ``timeout_s`` passed first, or ``watch``
-    saw the run hang (``watch.hung_for``).
+    saw the run hang (``watch.hung_for``). ``peak`` reads the group's memory meanwhile.
 
     Both happen in threads: the write must not block past the timeout (a hop that hangs
     before reading must not hold a large program's write forever; a reader that went away
@@ -279,19 +284,25 @@ def _feed_and_wait(
     waiter = threading.Thread(target=proc.wait, daemon=True)
     feeder.start()
     waiter.start()
-    if watch is None:
+    if watch is None and peak is None:
         waiter.join(timeout_s)
         return not waiter.is_alive()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    tick = PEAK_TICK_S if peak is not None else TICK_S
+    next_hang_read = time.monotonic() + TICK_S
     while True:
-        wait = TICK_S if deadline is None else min(TICK_S, deadline - time.monotonic())
+        if peak is not None:
+            peak.read()
+        wait = tick if deadline is None else min(tick, deadline - time.monotonic())
         waiter.join(max(0.0, wait))
         if not waiter.is_alive():
             return True
         if deadline is not None and time.monotonic() >= deadline:
             return False
-        if watch.hung():
-            return False
+        if watch is not None and time.monotonic() >= next_hang_read:
+            next_hang_read = time.monotonic() + TICK_S
+            if watch.hung():
+                return False
 
 
 def _ask_for_stacks(proc: subprocess.Popen[bytes], sig: int | None) -> None:
