@@ -36,6 +36,7 @@ DRAFTER = [
     "--compile-unit", "flex", "--warmup", "3", "--steps", "8", "--drafter-threads", "1",
 ]  # fmt: skip
 # Long prompts as the good data has them, then short ones (q rows = anchors x 16 < 128).
+RUN_TIMEOUT_S = 150
 LENGTHS = [1024, 1024, 1024, 1024, 96, 1024, 64, 1536, 112, 1024, 80, 2048]
 
 
@@ -46,7 +47,14 @@ def one(out: Path, data: Path, mode: str, i: int) -> dict[str, object]:
         argv = [sys.executable, "-m", "envbisect.agent.drafter", *DRAFTER,
                 "--data", str(data), "--flex-decoding", mode]  # fmt: skip
         t0 = time.monotonic()
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        try:
+            proc = subprocess.run(
+                argv, env=env, capture_output=True, text=True, check=False, timeout=RUN_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as exc:
+            out_text = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            err_text = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+            proc = subprocess.CompletedProcess(argv, -9, out_text, err_text + "\n(timed out)")
         wall = round(time.monotonic() - t0, 1)
     (out / f"{name}.stdout").write_text(proc.stdout)
     (out / f"{name}.stderr").write_text(proc.stderr)
