@@ -58,6 +58,7 @@ def command(
     no_probe: bool,
     step_fn: str | None,
     full_exit: bool,
+    direction: str | None,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -74,11 +75,22 @@ def command(
     drafter smoke test, runs in --python.
     """
     from envbisect.model.errors import UsageError
+    from envbisect.model.units import showing
     from envbisect.run.check import check
 
     smoke_argv = command_words(smoke_argv, "check")
     config = load_config(config_path)
-    goal = resolve_threshold(until_ktoks, until, config, relative=False)
+    smoke = smoke_command(
+        command_words(smoke_argv, "check"),
+        config,
+        metric_regex,
+        no_probe=no_probe,
+        warmup_lines=warmup_lines,
+        step_fn=step_fn,
+        full_exit=full_exit,
+        direction=direction,
+    )
+    goal = resolve_threshold(until_ktoks, until, config, relative=False, metric=smoke.metric)
     if goal.value is None:
         raise UsageError(
             "check needs a threshold: --until-ktoks N, or threshold: in envbisect.yaml"
@@ -90,36 +102,29 @@ def command(
     transport, py = resolve_target(config, python, via, target_name)
     if python is None and target_name is None:
         py = recorded_interpreter(transport, py, manifest_path, config)
-    smoke = smoke_command(
-        command_words(smoke_argv, "check"),
-        config,
-        metric_regex,
-        no_probe=no_probe,
-        warmup_lines=warmup_lines,
-        step_fn=step_fn,
-        full_exit=full_exit,
-    )
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
     click.echo(
         f"envbisect check: {goal.describe()}; running {smoke.describe()} {repeats}×", err=True
     )
-    result = check(
-        smoke,
-        threshold=threshold,
-        transport=transport,
-        python=py,
-        repeats=repeats,
-        timeout_s=timeout_s,
-    )
-    _echo_verdict(result)
+    with showing(smoke.metric.unit if smoke.metric else goal.unit):
+        result = check(
+            smoke,
+            threshold=threshold,
+            transport=transport,
+            python=py,
+            repeats=repeats,
+            timeout_s=timeout_s,
+        )
+        _echo_verdict(result)
     return result.exit_code
 
 
 def _echo_verdict(result: CheckResult) -> None:
     """The verdict on stdout; a note on stderr when it sits inside the noise."""
     from envbisect.model.metric import format_tok
+    from envbisect.model.units import shown
 
     if result.verdict == "skip":
         click.echo(f"cannot test: {result.failure}; logs in {result.log_dir}")
@@ -127,6 +132,8 @@ def _echo_verdict(result: CheckResult) -> None:
             click.echo(result.detail)
         return
     sign = "≥" if result.verdict == "good" else "<"
+    if shown().lower_is_better:
+        sign = "≤" if result.verdict == "good" else ">"
     click.echo(
         f"{result.verdict}: median {format_tok(result.median)} {sign} "
         f"{format_tok(result.threshold)}"

@@ -14,7 +14,7 @@ from envbisect.model.errors import TransportError
 
 if TYPE_CHECKING:
     from envbisect.model.config import Config
-    from envbisect.model.metric import Threshold
+    from envbisect.model.metric import MetricSpec, Threshold
     from envbisect.run.launch import SmokeCommand
     from envbisect.transport import Transport
 
@@ -187,11 +187,28 @@ def metric_regex_option(func: F) -> F:
         help="With --metric-regex: each matched line is a sample after the first W "
         "(default: the first third are warm-up).",
     )(func)
+    func = click.option(
+        "--lower-is-better",
+        "direction",
+        flag_value="lower",
+        default=None,
+        help="The --metric-regex figure is a cost (a time, a loss): lower is better.",
+    )(func)
+    func = click.option(
+        "--higher-is-better",
+        "direction",
+        flag_value="higher",
+        help="The --metric-regex figure is a rate: higher is better.",
+    )(func)
     return click.option(
         "--metric-regex",
         metavar="REGEX",
-        help="Read tok/s from the output with this regex; the unit follows the group, "
-        "e.g. '([0-9.]+) Ktok/s'.",
+        help="Read the figure from the output with this regex: its group is the number, the "
+        "text right after it the unit, which says which way is better: '([0-9.]+) Ktok/s', "
+        "'([0-9.]+)it/s', 'samples/s' (higher), 'time ([0-9.]+)ms', '([0-9.]+)s/it' (lower). "
+        "Without it, common logs are read as they are (a tok/s line, Hugging Face "
+        "Trainer's train_samples_per_second, tqdm's it/s, nanoGPT's 'time …ms'), else the "
+        "probe's timed steps (steps/s).",
     )(func)
 
 
@@ -214,10 +231,17 @@ def threshold_options(func: F) -> F:
 
 
 def resolve_threshold(
-    until_ktoks: str | None, until: str | None, config: Config, *, relative: bool = True
+    until_ktoks: str | None,
+    until: str | None,
+    config: Config,
+    *,
+    relative: bool = True,
+    metric: MetricSpec | None = None,
 ) -> Threshold:
     """The threshold and where it came from: --until-ktoks / --until, else envbisect.yaml's
-    ``threshold:``, else none (``Threshold()``: the engine's default)."""
+    ``threshold:``, else none (``Threshold()``: the engine's default); a figure for a
+    ``metric`` read in another unit than tokens is taken in that unit (``--until 150``
+    with ``time ([0-9.]+)ms``: 150 ms)."""
     from envbisect.model.errors import UsageError
     from envbisect.model.metric import Threshold, parse_ktoks
 
@@ -231,6 +255,8 @@ def resolve_threshold(
         t = getattr(config, "threshold", None) or Threshold()
     if t.fraction is not None and not relative:
         raise UsageError(f"{t.source}: a percentage needs a measured good state; give a throughput")
+    if metric is not None:
+        t = t.in_unit(metric.unit, "--until")
     return t
 
 
@@ -246,6 +272,7 @@ def smoke_command(
     warmup_lines: int | None = None,
     step_fn: str | None = None,
     full_exit: bool = False,
+    direction: str | None = None,
 ) -> SmokeCommand:
     """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
     its tok/s read with ``--metric-regex`` when given (a sample per matched line after the
@@ -261,7 +288,12 @@ def smoke_command(
     regex = metric_regex or getattr(config, "metric_regex", None)
     if warmup_lines is not None and not regex:
         raise UsageError("--warmup-lines counts lines matched by --metric-regex: give one")
-    spec = MetricSpec.parse(regex) if regex else None
+    if direction is not None and not regex:
+        raise UsageError(
+            f"--{direction}-is-better says which way a --metric-regex figure is better: "
+            "give one (a recognized log form knows its own way)"
+        )
+    spec = MetricSpec.parse(regex, direction) if regex else None
     if spec is not None and warmup_lines is not None:
         spec = dataclasses.replace(spec, warmup=warmup_lines)
     argv = tuple(smoke_argv) or tuple(config.smoke or ())

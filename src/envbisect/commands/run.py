@@ -186,6 +186,7 @@ def command(**flags: Any) -> int:
     """
     from envbisect.model.escape import terminal
     from envbisect.model.manifest import check_writable
+    from envbisect.model.units import showing
     from envbisect.render import report
     from envbisect.run.options import validate_options
 
@@ -214,11 +215,14 @@ def command(**flags: Any) -> int:
         f"envbisect run: {options.goal.describe()}; smoke: {options.smoke.describe()}; "
         f"session {options.session_dir}"
     )
-    result = _run_bisect(options, _say)
-    if rec is not None:
-        result = _with_reconstruction_notes(result, rec, _say)
-    click.echo(terminal(report.render_text(result)), nl=False)
-    _write_outputs(result, args.json_path, args.report_path)
+    # Figures in the unit the command's log prints (a recognized form says it on its first
+    # run): every line, table and report of this run.
+    with showing(options.smoke.metric.unit if options.smoke.metric else None):
+        result = _run_bisect(options, _say)
+        if rec is not None:
+            result = _with_reconstruction_notes(result, rec, _say)
+        click.echo(terminal(report.render_text(result)), nl=False)
+        _write_outputs(result, args.json_path, args.report_path)
     return result.exit_code
 
 
@@ -232,7 +236,6 @@ def _options(args: RunFlags) -> tuple[datetime | None, RunOptions]:
     if when is not None and args.good:
         raise UsageError("--good and --good-as-of: give one good state")
     config = load_config(args.config_path)
-    threshold = resolve_threshold(args.until_ktoks, args.until, config)
     good_path = Path(args.good) if args.good else config.good
     if good_path is None and when is None:
         raise UsageError(
@@ -248,7 +251,9 @@ def _options(args: RunFlags) -> tuple[datetime | None, RunOptions]:
         warmup_lines=args.warmup_lines,
         step_fn=args.step_fn,
         full_exit=args.full_exit,
+        direction=args.direction,
     )
+    threshold = resolve_threshold(args.until_ktoks, args.until, config, metric=smoke.metric)
     # With --good-as-of the good path is known once the state is rebuilt.
     options = args.options(config, threshold, good_path or Path(), (transport, py), smoke)
     return when, options
@@ -308,6 +313,7 @@ class RunFlags:
     no_probe: bool
     step_fn: str | None
     full_exit: bool
+    direction: str | None
     python: str | None
     via: tuple[str, ...]
     target_name: str | None

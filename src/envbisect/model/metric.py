@@ -27,12 +27,13 @@ import re
 import shlex
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from envbisect.model.errors import UsageError
 from envbisect.model.failure import Failure
+from envbisect.model.units import TOKENS, Unit, parse_unit, shown
 
 # How many timed windows a trial asks one run for (the built-in drafter reads it; any smoke
 # command may, and report them as a ``samples`` list in its result).
@@ -40,7 +41,10 @@ SAMPLES_ENV = "ENVBISECT_SAMPLES"
 RESULT_ENV = "ENVBISECT_RESULT"
 RESULT_LINE = re.compile(rb"^ENVBISECT_RESULT (\{.*\})\s*$", re.MULTILINE)
 
-_UNIT_AFTER_GROUP = re.compile(r"\)\s*(?:\\s[*+?]?|\s|\\ )*([KkMm]?tok(?:en)?s?/s(?:ec)?)")
+# What follows the number group in a --metric-regex: regex spacing, then the unit's text.
+_AFTER_GROUP = re.compile(r"^\)\s*(?:\\s[*+?]?|\s|\\ )*(?P<unit>(?:\\?[^\s\\()\[\]|,;:'\"=])+)")
+# A figure named before its number: train_samples_per_second, "steps per second".
+_PER_SECOND_BEFORE = re.compile(r"(?P<what>[A-Za-z]+)[_ ]per[_ ]sec(?:ond)?\W*$")
 
 _OOM_MARKERS = (
     b"CUDA out of memory",
@@ -53,31 +57,45 @@ _OOM_MARKERS = (
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """How to read a throughput from a command that only logs text."""
+    """How to read a run's figure from a command that only logs text: ``pattern``'s group
+    is the number, ``unit`` says what it is and which way is better (``model.units``);
+    every figure read becomes the engine's rate (higher is better)."""
 
     pattern: re.Pattern[str]
-    scale: float
-    unit: str
+    unit: Unit = TOKENS
     warmup: int | None = None  # matched lines dropped as warm-up (None: the first third)
+    label: str | None = None  # a recognized log form's name (``recognize``), None: typed
+
+    @property
+    def scale(self) -> float:
+        return self.unit.scale
 
     @classmethod
-    def parse(cls, regex: str) -> MetricSpec:
-        """``"([0-9.]+) Ktok/s"`` → a spec scaling by 1000; the unit must follow the group."""
+    def parse(cls, regex: str, direction: str | None = None) -> MetricSpec:
+        """``"([0-9.]+) Ktok/s"`` → tokens scaled by 1000; ``"time ([0-9.]+)ms"`` → a time
+        per step, lower is better. The unit is read right after the number group (or, for
+        ``train_samples_per_second': ([0-9.]+)``, from the name before it); ``direction``
+        (``lower``/``higher``: --lower-is-better / --higher-is-better) overrides its way
+        round, and names it for a unit this cannot tell."""
         try:
             pattern = re.compile(regex)
         except re.error as exc:
             raise UsageError(f"--metric-regex {regex!r}: not a regular expression: {exc}") from None
         if pattern.groups < 1:
             raise UsageError(f"--metric-regex {regex!r}: needs one group around the number")
-        found = _UNIT_AFTER_GROUP.search(regex)
-        if found is None:
+        unit = _regex_unit(regex)
+        if direction is not None:
+            name = unit.name if unit is not None else "(figure)"
+            scale = unit.scale if unit is not None else 1.0
+            unit = Unit(name, scale, lower_is_better=direction == "lower")
+        if unit is None:
             raise UsageError(
-                f"--metric-regex {regex!r}: put the unit right after the number group, "
-                "e.g. '([0-9.]+) Ktok/s' or '([0-9.]+) tok/s'"
+                f"--metric-regex {regex!r}: which way is better cannot be told from the text "
+                "after the number group: put its unit there (e.g. '([0-9.]+) tok/s', "
+                "'time ([0-9.]+)ms', '([0-9.]+)it/s'), or say --higher-is-better or "
+                "--lower-is-better"
             )
-        unit = found.group(1)
-        scale = {"k": 1e3, "m": 1e6}.get(unit[0].lower(), 1.0)
-        return cls(pattern=pattern, scale=scale, unit=unit)
+        return cls(pattern=pattern, unit=unit)
 
     def read(self, text: str) -> float | None:
         """tok/s from the last match in ``text``, or None."""
@@ -85,14 +103,20 @@ class MetricSpec:
         return values[-1] if values else None
 
     def values(self, text: str) -> list[float]:
-        """tok/s of every match in ``text``, in order."""
+        """The engine's rate of every match in ``text``, in order (a match that holds its
+        own unit in a second group, ``it/s`` or ``s/it``, is read in that unit)."""
         out: list[float] = []
         for match in self.pattern.finditer(text):
             raw = match.group(1).replace(",", "").replace("_", "")
+            unit = self.unit
+            if self.pattern.groups >= 2 and match.group(2):
+                unit = parse_unit(match.group(2)) or unit
             try:
-                out.append(float(raw) * self.scale)
+                value = float(raw)
             except ValueError:
                 continue
+            if value > 0 or not unit.lower_is_better:
+                out.append(unit.rate(value))
         return out
 
     def samples(self, text: str) -> list[float]:
@@ -131,6 +155,38 @@ class Measurement:
 
     def as_dict(self) -> dict[str, Any]:
         return {"tok_per_s": self.tok_per_s, "failure": self.failure, "source": self.source}
+
+
+def _regex_unit(regex: str) -> Unit | None:
+    """The unit a --metric-regex names right after its first group, or before it in a
+    ``..._per_second`` name; None when neither tells."""
+    depth, end = 0, None
+    for i, ch in enumerate(regex):
+        if ch == "\\":
+            continue
+        if i and regex[i - 1] == "\\":
+            continue
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    if end is None:
+        return None
+    found = _AFTER_GROUP.match(regex[end:])
+    if found is not None:
+        text = re.sub(r"\\(.)", r"\1", found.group("unit"))
+        unit = parse_unit(text)
+        if unit is not None:
+            return unit
+    start = regex.find("(")
+    before = re.sub(r"\\(.)", r"\1", regex[:start])
+    named = _PER_SECOND_BEFORE.search(before)
+    if named is not None:
+        return Unit(f"{named.group('what')}/s")
+    return None
 
 
 def _rate(value: Any) -> bool:
@@ -172,17 +228,22 @@ def parse_ktoks(text: str, flag: str = "--until-ktoks") -> float:
 
 @dataclass(frozen=True)
 class Threshold:
-    """What "good" means: at least ``value`` tok/s, or at least ``fraction`` of the good
-    state's measured median (``--until 70%``), or (neither) the engine's default, midway
-    between the measured endpoints. ``source`` says where it came from."""
+    """What "good" means: at least ``value`` (the engine's rate: tok/s, or a figure in
+    ``unit`` turned into a rate, so ``--until 150ms`` is at least 1/0.150 s), or at least
+    ``fraction`` of the good state's measured speed (``--until 70%``, either way round:
+    70% of its rate), or (neither) the engine's default, midway between the measured
+    endpoints. ``source`` says where it came from; ``text`` is what was typed."""
 
     value: float | None = None
     fraction: float | None = None
     source: str = "default"
+    unit: Unit | None = None  # the unit ``value`` was given in (None: tokens per second)
+    text: str | None = None
 
     @classmethod
     def parse(cls, text: Any, source: str, flag: str) -> Threshold:
-        """``70%`` → a fraction of the good state; anything else as in ``parse_ktoks``."""
+        """``70%`` → a fraction of the good state; ``150ms``, ``2.5it/s`` → that figure;
+        anything else a throughput as in ``parse_ktoks``."""
         if isinstance(text, (int, float)) and not isinstance(text, bool):
             text = f"{text:g}" if text < 1000 else f"{float(text):.0f}"
         raw = str(text).strip()
@@ -198,11 +259,53 @@ class Threshold:
                     f"{flag} {text!r}: a percentage of the good state's speed is between "
                     "0% and 100%, e.g. 70%"
                 )
-            return cls(fraction=pct / 100, source=source)
-        return cls(value=parse_ktoks(raw, flag), source=source)
+            return cls(fraction=pct / 100, source=source, text=raw)
+        figure = _FIGURE_WITH_UNIT.match(raw)
+        unit = parse_unit(figure.group("unit")) if figure is not None else None
+        if figure is not None and unit is not None and not unit.tokens:
+            number = float(figure.group("num"))
+            if not number > 0 or not math.isfinite(number):
+                raise UsageError(f"{flag} {text!r}: must be a positive figure")
+            return cls(value=unit.rate(number), source=source, unit=unit, text=raw)
+        return cls(value=parse_ktoks(raw, flag), source=source, text=raw)
+
+    def in_unit(self, unit: Unit, flag: str) -> Threshold:
+        """This threshold for figures read in ``unit``: a bare number is a figure in it; a
+        figure given in a unit of the other way round (a time for a rate) is refused."""
+        if self.value is None or unit.tokens:
+            if self.unit is not None and unit.tokens:
+                raise UsageError(
+                    f"{self.source}: a figure in {self.unit.name}, but the command's figure "
+                    f"is read in {unit.name}: give it in {unit.name}, or a percentage"
+                )
+            return self
+        raw = (self.text or "").replace(",", "").replace("_", "")
+        if self.unit is None:
+            try:
+                number = float(raw)
+            except ValueError:
+                raise UsageError(
+                    f"{self.source}: a token rate, but the command's figure is read in "
+                    f"{unit.name} ({unit.direction()}): give it in {unit.name}, e.g. "
+                    f"{flag} 150{unit.name}, or a percentage"
+                ) from None
+            return replace(self, value=unit.rate(number), unit=unit)
+        if self.unit.lower_is_better != unit.lower_is_better:
+            raise UsageError(
+                f"{self.source}: a figure in {self.unit.name} ({self.unit.direction()}), but "
+                f"the command's figure is read in {unit.name} ({unit.direction()})"
+            )
+        return self
 
     def describe(self) -> str:
-        """``good means ≥ 12,000 tok/s (12.0 Ktok/s), from --until-ktoks``."""
+        """``good means ≥ 12,000 tok/s (12.0 Ktok/s), from --until-ktoks``; ``good means ≤
+        150 ms, from --until 150ms``."""
+        if self.value is not None and self.unit is not None:
+            sign = "≤" if self.unit.lower_is_better else "≥"
+            return (
+                f"good means {sign} {self.unit.show(self.value)} {self.unit.name}, "
+                f"from {self.source}"
+            )
         if self.value is not None:
             return f"good means ≥ {format_tok(self.value)}, from {self.source}"
         if self.fraction is not None:
@@ -213,18 +316,34 @@ class Threshold:
         return "good means faster than midway between the endpoints (no threshold given)"
 
 
+_FIGURE_WITH_UNIT = re.compile(r"^(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*(?P<unit>\S.*)$")
+
+
 def format_tok(value: float | None) -> str:
-    """``12,000 tok/s (12.0 Ktok/s)``: the one way a single throughput is written."""
+    """``12,000 tok/s (12.0 Ktok/s)``: the one way a single throughput is written; a figure
+    in another unit (``units.shown``) as ``120 ms``."""
     if value is None:
         return "-"
+    unit = shown()
+    if not unit.tokens:
+        return f"{unit.show(value)} {unit.name}"
     return f"{value:,.0f} tok/s ({format_ktok(value)} Ktok/s)"
+
+
+def figure_unit() -> str:
+    """What tables and sentences call their figures: ``Ktok/s``, or the user's own unit."""
+    return shown().label()
 
 
 def format_ktok(value: float | None) -> str:
     """Ktok/s for tables and lists: ``12.6``; three significant digits below 1 Ktok/s
-    (``0.125``) so slow states do not all read ``0.1``; ``-`` for no value."""
+    (``0.125``) so slow states do not all read ``0.1``; ``-`` for no value. A figure in
+    another unit (``units.shown``: ``ms``, ``it/s``) in that unit, three digits."""
     if value is None:
         return "-"
+    unit = shown()
+    if not unit.tokens:
+        return unit.show(value)
     k = value / 1000
     return f"{k:.1f}" if abs(k) >= 1 else f"{k:.3g}"
 

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envbisect.model.metric import Measurement, format_ktok
+from envbisect.model.metric import Measurement, figure_unit, format_ktok
+from envbisect.model.units import shown as shown_unit
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class StepSamples:
             "figure_from": source,
             "text": (
                 f"{what} {self.first_kept}-{last} of {self.steps} timed by the probe ({how}), "
-                f"their median the reported {format_ktok(figure)} Ktok/s"
+                f"their median the reported {format_ktok(figure)} {figure_unit()}"
             ),
         }
 
@@ -141,8 +142,10 @@ def _figure_alone(
     assert m.tok_per_s is not None
     shown = ", ".join(str(n) for n in which[:6]) + (", …" if len(which) > 6 else "")
     figure = (
-        f"the reported {format_ktok(m.tok_per_s)} Ktok/s"
+        f"the reported {format_ktok(m.tok_per_s)} {figure_unit()}"
         if what == "step"
+        else f"{figure_unit()} over all {what}s ({format_ktok(m.tok_per_s)})"
+        if not shown_unit().tokens
         else f"tok/s over all {what}s ({format_ktok(m.tok_per_s)} Ktok/s)"
     )
     said = {
@@ -190,6 +193,34 @@ def with_steps(m: Measurement, facts: Mapping[str, Any] | None, wanted: int) -> 
         "samples_from": got.used(figure, m.source),
     }
     return Measurement(figure, None, m.source, result)
+
+
+def from_steps(facts: Mapping[str, Any] | None) -> Measurement | None:
+    """A run whose log printed no figure: the probe's kept steps as its figure, in steps per
+    second (their median rate; each step one sample), or None when it timed fewer than two.
+    Kept steps that compiled leave the rate over all of them the one sample."""
+    got = StepSamples.of(facts)
+    if got is None:
+        return None
+    rates = [1.0 / t for t in got.times]
+    figure = len(got.times) / sum(got.times) if got.compiled else statistics.median(rates)
+    said = {
+        "from": "steps",
+        "rule": got.rule,
+        "steps": got.steps,
+        "kept": len(got.times),
+        "text": (
+            f"no figure in the log: the probe's {len(got.times)} kept steps "
+            f"({got.rule} rule, from step {got.first_kept}) give {figure:.3g} steps/s"
+        ),
+    }
+    samples = [figure] if got.compiled else rates
+    result = {
+        "samples": samples,
+        "samples_from": said,
+        "metric_from": {"form": "the probe's steps", "unit": "steps/s", "way": "higher is better"},
+    }
+    return Measurement(figure, None, "steps", result)
 
 
 # ----------------------------------------------------------------------------- breakdown

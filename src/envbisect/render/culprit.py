@@ -4,7 +4,7 @@ sentence and section, the closing lines of ``run`` and the facts under each culp
 from __future__ import annotations
 
 from envbisect.model.history import UNCOMMITTED, HunkCulprit
-from envbisect.model.metric import format_ktok
+from envbisect.model.metric import figure_unit, format_ktok
 from envbisect.run.result import Culprit, RunResult, TrialRow, TrialVerdict
 
 
@@ -27,10 +27,12 @@ def culprit_sentence(culprit: Culprit, good: float | None, bad: float | None) ->
         what = unit.title
     effect = ""
     if good is not None and bad is not None:
-        effect = f" — {format_ktok(good)} → {format_ktok(bad)} Ktok/s"
+        effect = f" — {format_ktok(good)} → {format_ktok(bad)} {figure_unit()}"
     elif culprit.with_rest is not None:
         g, b = culprit.with_rest
-        effect = f" — {format_ktok(g)} → {format_ktok(b)} Ktok/s with the rest of the change"
+        effect = (
+            f" — {format_ktok(g)} → {format_ktok(b)} {figure_unit()} with the rest of the change"
+        )
     if culprit.crash:
         effect += f" — {culprit.crash}"
     if culprit.hidden:
@@ -57,7 +59,7 @@ def hunk_sentence(h: HunkCulprit) -> str:
         what += " (slow together with " + ", ".join(x.header for x in h.together) + ")"
     effect = ""
     if h.good is not None and h.bad is not None:
-        effect = f" — {format_ktok(h.good)} → {format_ktok(h.bad)} Ktok/s"
+        effect = f" — {format_ktok(h.good)} → {format_ktok(h.bad)} {figure_unit()}"
     return f"Culprit: {what}{effect}"
 
 
@@ -157,7 +159,7 @@ def _beside(unit: str, result: RunResult) -> str:
 
 def _held(trial: TrialRow) -> str:
     """``good in trial 8, 56.3 Ktok/s`` (with its crashes, or its clean runs)."""
-    figure = f", {format_ktok(trial.median)} Ktok/s" if trial.median is not None else ""
+    figure = f", {format_ktok(trial.median)} {figure_unit()}" if trial.median is not None else ""
     crash = f", crashed {trial.crashes} of {trial.runs}" if trial.crashes else ""
     clean = f", 0 of {trial.runs} crashed" if trial.runs > 1 and not crash else ""
     verdict = "not judged" if trial.verdict is TrialVerdict.UNJUDGED else str(trial.verdict)

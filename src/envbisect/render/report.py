@@ -17,9 +17,10 @@ from tabulate import tabulate
 
 from envbisect.agent.redact import redact_text, redact_tree
 from envbisect.model.escape import printable
-from envbisect.model.metric import Threshold, format_ktok, format_tok, ktok_list
+from envbisect.model.metric import Threshold, figure_unit, format_ktok, format_tok, ktok_list
 from envbisect.model.session import Session
 from envbisect.model.steps import describe_timing
+from envbisect.model.units import shown
 from envbisect.render import kernels
 from envbisect.render.culprit import hunk_section, summary_lines, why_lines
 from envbisect.run.result import Culprit, RunResult, TrialRow, unit_of
@@ -113,7 +114,7 @@ def trial_table(rows: Sequence[TrialRow], *, fmt: str = "simple") -> str:
         "trial",
         *(["round", "worker"] if parallel else []),
         "applied",
-        "samples Ktok/s",
+        f"samples {figure_unit()}",
         "median",
         "verdict",
     ]
@@ -308,6 +309,29 @@ def as_json(result: RunResult) -> dict[str, Any]:
         "machine": dict(result.machine),
         "next": next_command(result),
         "kernels": kernels.run_json(result),
+        **_figure_json(result),
+    }
+
+
+def _figure_json(result: RunResult) -> dict[str, Any]:
+    """Where the command's figure is not tokens per second (``ms``, ``it/s``): the medians
+    and threshold in its own unit (the ``*_tok_per_s`` keys hold the engine's rate)."""
+    unit = shown()
+    if unit.tokens:
+        return {}
+
+    def fig(rate: float | None) -> float | None:
+        return None if rate is None else round(unit.figure(rate), 6)
+
+    return {
+        "figure": {
+            "unit": unit.name,
+            "lower_is_better": unit.lower_is_better,
+            "threshold": fig(result.threshold),
+            "good_median": fig(result.good_median),
+            "bad_median": fig(result.bad_median),
+            "trial_medians": {str(t.index): fig(t.median) for t in result.trials},
+        }
     }
 
 
@@ -362,7 +386,7 @@ def explain_trial(r: TrialRow, culprits: set[str]) -> str:
         meaning = "good: at or above the threshold"
     else:
         meaning = "bad: below the threshold"
-    line = f"- trial {r.index} ({what}): median {format_ktok(r.median)} Ktok/s → {meaning}"
+    line = f"- trial {r.index} ({what}): median {format_ktok(r.median)} {figure_unit()} → {meaning}"
     if r.outlier:
         line += f"; **outlier: {r.outlier}**, which no mix of the recorded changes explains"
     if r.timing:  # where its time went (issue 32): realize, start-up, compile, steps
@@ -404,8 +428,8 @@ def render_markdown(result: RunResult) -> str:
         "",
         machine_line(result),
         f"- threshold: {result_start_line(result)}",
-        f"- good: `{result.good_path}` — median {format_ktok(result.good_median)} Ktok/s",
-        f"- bad: `{result.bad_path}` — median {format_ktok(result.bad_median)} Ktok/s",
+        f"- good: `{result.good_path}` — median {format_ktok(result.good_median)} {figure_unit()}",
+        f"- bad: `{result.bad_path}` — median {format_ktok(result.bad_median)} {figure_unit()}",
         f"- smoke command: `{result.smoke.describe()}`",
         f"- outcome: {result.outcome}; {len(result.trials)} trials{_rounds(result.trials)}; "
         f"session `{result.session}`",
@@ -479,7 +503,7 @@ def log_table(session: Session) -> str:
         if ev.get("type") == "calibration":
             lines.append(
                 f"calibration {ev.get('worker')}: good state {format_ktok(ev.get('median'))} "
-                f"Ktok/s, factor {float(ev.get('factor') or 1):.3f} ({ev.get('decision')})"
+                f"{figure_unit()}, factor {float(ev.get('factor') or 1):.3f} ({ev.get('decision')})"
             )
     lines += ["", trial_table(session_rows(session)), ""]
     end = session.end_event()

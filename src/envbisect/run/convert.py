@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from envbisect.model.events import VerdictEvent
 from envbisect.model.facts import explain as explain_facts
 from envbisect.model.history import HunkCulprit
-from envbisect.model.metric import format_ktok, format_tok
+from envbisect.model.metric import figure_unit, format_ktok, format_tok
 from envbisect.run import probed
 from envbisect.run.context import RunContext
 from envbisect.run.options import RunOptions
@@ -166,7 +166,7 @@ def _threshold_hint(result: SearchResult, options: RunOptions) -> str:
     mid = math.sqrt(g * b)
     return (
         f"; the endpoints themselves differ (good {format_ktok(g)}, bad {format_ktok(b)} "
-        f"Ktok/s): a threshold of {format_tok(mid)} would separate them"
+        f"{figure_unit()}): a threshold of {format_tok(mid)} would separate them"
     )
 
 

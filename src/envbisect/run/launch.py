@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.model.errors import TransportError
+from envbisect.model.escape import printable
 from envbisect.model.facts import from_drafter
 from envbisect.model.failure import Failure
 from envbisect.model.kernels import ProfileRequest
+from envbisect.model.logforms import Choice, recognize
 from envbisect.model.metric import (
     FIGURE_SEEN,
     RESULT_ENV,
@@ -34,7 +36,8 @@ from envbisect.model.metric import (
     MetricSpec,
     measure,
 )
-from envbisect.model.steps import breakdown, with_steps
+from envbisect.model.steps import breakdown, from_steps, with_steps
+from envbisect.model.units import STEPS, show_as
 from envbisect.run import cmdcheck, probed
 from envbisect.transport import Layer, LayerKind, Transport
 from envbisect.transport.bundle import build_bundle, find_frame
@@ -56,6 +59,9 @@ class SmokeCommand:
     probe: bool = True  # a Python command runs under the probe (envbisect.run.probed)
     step_fn: str | None = None  # --step-fn MODULE:QUALNAME: its returns end a timed step
     full_exit: bool = False  # --full-exit: the program's own exit, not the probe's quick one
+    # How a command with no --metric-regex was read once its first run was (model.logforms):
+    # every later run alike. Shared, filled once.
+    choice: Choice = field(default_factory=Choice, compare=False)
 
     @property
     def builtin(self) -> bool:
@@ -191,6 +197,7 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         launch, frame = _launch_command(smoke, spec, run_env), None
     if launch.reading is not None:
         return launch, launch.reading
+    metric = smoke.metric or _log_form(smoke, launch)
     reading = measure(
         stdout=launch.stdout,
         stderr=launch.stderr,
@@ -199,8 +206,9 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         timeout_s=spec.timeout_s,
         result_file=None if spec.remote else result_file,
         frame=frame,
-        spec=smoke.metric,
+        spec=metric,
     )
+    reading = _read_as_chosen(smoke, metric, reading, launch)
     if launch.hung_s is not None:
         reading = replace(reading, failure=Failure.timeout(f"({hung(launch.hung_s)})"))
     if launch.timed_out and launch.probed and probed.left_stacks(launch.stderr):
@@ -214,6 +222,71 @@ def _run_once(smoke: SmokeCommand, spec: RunSpec) -> tuple[Launch, Measurement]:
         reading = replace(reading, failure=Failure(f"{reading.failure}; {QUICK_NOTE}"))
     # Fewer samples than asked (a log with one final figure): the probe's timed steps.
     return launch, with_steps(reading, launch.facts, spec.samples)
+
+
+def _log_form(smoke: SmokeCommand, launch: Launch) -> MetricSpec | None:
+    """A user command with no --metric-regex: the form its runs are read in
+    (``model.logforms``), once chosen; before that, the first its output matches."""
+    if smoke.builtin or smoke.choice.steps:
+        return None
+    if smoke.choice.spec is not None:
+        return smoke.choice.spec
+    text = (
+        launch.stdout.decode("utf-8", "replace") + "\n" + launch.stderr.decode("utf-8", "replace")
+    )
+    return recognize(text)
+
+
+def _read_as_chosen(
+    smoke: SmokeCommand,
+    metric: MetricSpec | None,
+    reading: Measurement,
+    launch: Launch,
+) -> Measurement:
+    """``reading``, its figure's form said and made the command's (``Choice``); where no
+    form matched, the probe's timed steps (steps/s) when it saw them."""
+    if smoke.builtin or smoke.metric is not None:
+        return reading
+    if metric is not None and reading.source == "regex":
+        smoke.choice.take(metric, steps=False)
+        show_as(metric.unit)
+        said = {
+            "form": metric.label,
+            "unit": metric.unit.name,
+            "way": metric.unit.direction(),
+            "line": _last_line(metric, launch),
+        }
+        return replace(reading, result={**reading.result, "metric_from": said})
+    if cmdcheck.no_metric(reading.failure) and not smoke.choice.spec:
+        stepped = from_steps(launch.facts)
+        if stepped is not None:
+            smoke.choice.take(None, steps=True)
+            show_as(STEPS)
+            return stepped
+    return reading
+
+
+def _last_line(metric: MetricSpec, launch: Launch) -> str | None:
+    """The last output line ``metric`` read its figure from (stdout, then stderr)."""
+    for out in (launch.stdout, launch.stderr):
+        text = out.decode("utf-8", "replace").replace("\r", "\n")
+        found = list(metric.pattern.finditer(text))
+        if found:
+            last = found[-1]
+            start = text.rfind("\n", 0, last.start()) + 1
+            end = text.find("\n", last.end())
+            return text[start : end if end >= 0 else None].strip()[:200]
+    return None
+
+
+def form_note(m: Measurement) -> str | None:
+    """How a command with no --metric-regex had its figure read (a recognized log form or
+    the probe's steps), said once at its first run; None for any other run."""
+    said = m.result.get("metric_from") if m.ok else None
+    if not isinstance(said, Mapping):
+        return None
+    where = f"; last read from: {printable(said['line'])}" if said.get("line") else ""
+    return f"  figure: {said['form']}, in {said['unit']} ({said['way']}){where}"
 
 
 def hung(idle_s: float) -> str:

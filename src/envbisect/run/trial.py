@@ -21,20 +21,14 @@ from typing import TYPE_CHECKING
 from envbisect.model.events import TrialRecord
 from envbisect.model.failure import CRASH_KINDS, Failure, FailureKind
 from envbisect.model.kernels import ProfileRequest
-from envbisect.model.metric import Measurement, ktok_list
+from envbisect.model.metric import Measurement, figure_unit, ktok_list
 from envbisect.model.session import Session, state_key
 from envbisect.model.steps import describe_timing
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
 from envbisect.run import cmdcheck, contention, interrupt, probed, together
 from envbisect.run.compilecache import CacheUse, CompileCaches, with_cache
-from envbisect.run.launch import (
-    RunLog,
-    RunSpec,
-    SmokeCommand,
-    far_transport,
-    run_once,
-)
+from envbisect.run.launch import RunLog, RunSpec, SmokeCommand, far_transport, form_note, run_once
 from envbisect.run.options import RunOptions
 from envbisect.run.progress import Progress
 from envbisect.run.triallog import TrialCall, read_timing, write_trial_log
@@ -151,6 +145,7 @@ class TrialRunner:
         self.allocations: Allocations | None = None
         self.guard = cmdcheck.EndpointGuard()
         self.at_once = together.RunsAtOnce.for_run(options, progress)
+        self.form_said = False  # how the command's figure is read, said at its first run
         # Trials whose compiled code is the same share one warm compile cache (never when
         # a cache is itself a unit of the difference: envbisect.run.compilecache).
         self.compile_caches = CompileCaches.for_run(
@@ -393,7 +388,7 @@ class TrialRunner:
         if any(work.contended):
             tail += "; * other processes loaded the machine"
         on = f" on {work.name}" if work.name else ""
-        self.progress(f"  {shown} Ktok/s{tail}{on}  [log {work.trial_dir}]")
+        self.progress(f"  {shown} {figure_unit()}{tail}{on}  [log {work.trial_dir}]")
         timing = read_timing(work.trial_dir)
         if timing is not None and work.runs:
             self.progress(f"    time: {describe_timing(timing)}")
@@ -558,6 +553,9 @@ class TrialRunner:
         window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
         self.at_once.saw(work.runs[-1])
+        if not self.form_said and (note := form_note(m)):
+            self.form_said = True
+            self.progress(note)
         if window is not None:
             # Measured here, on the machine the run used: a remote target's load is not ours.
             reading = window.finish()

@@ -26,7 +26,7 @@ from envbisect.model.failure import Failure
 from envbisect.model.gitcli import changed_files, show_file
 from envbisect.model.history import FileVersion, HunkCulprit, commit_facts, shown_path
 from envbisect.model.hunks import Hunk, HunkError, apply, decode, split
-from envbisect.model.metric import format_ktok
+from envbisect.model.metric import figure_unit, format_ktok
 from envbisect.search.narrow import HunkIsolation, isolate_hunks
 from envbisect.search.result import Narrowed, SearchOutcome, SearchResult
 from envbisect.search.state import Outcome, State
@@ -110,7 +110,7 @@ class Measure:
             verdict = self.judge.verdict(samples)
         how = "no samples"
         if samples:
-            how = f"median {format_ktok(median(samples))} Ktok/s of {len(samples)} samples"
+            how = f"median {format_ktok(median(samples))} {figure_unit()} of {len(samples)} samples"
         self.progress(f"trial {self.number(state)}: {verdict.value} ({failure or how})")
         self.trials.append(HunkTrial(state, applied, tuple(samples), verdict, failure, purpose))
         self.seen[state] = verdict

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from envbisect.model.metric import format_ktok
+from envbisect.model.metric import figure_unit, format_ktok
 
 
 class Say(str, Enum):
@@ -89,7 +89,7 @@ def say(code: Say, **data: Any) -> Reason:
 
 def ktok(tok_per_s: float | None) -> str:
     """Throughputs in messages, written as in every table: ``12.6 Ktok/s``."""
-    return f"{format_ktok(tok_per_s)} Ktok/s"
+    return f"{format_ktok(tok_per_s)} {figure_unit()}"
 
 
 def _names(units: Iterable[str]) -> str:
