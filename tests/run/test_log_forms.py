@@ -52,7 +52,8 @@ for it in range(STEPS):
         sys.stderr.write(f"\r{100 * it // STEPS}%|####      | {it}/{STEPS} [00:01<00:02, {shown}]")
 runtime = time.perf_counter() - began
 if FORM == "hf":
-    print({"train_runtime": round(runtime, 4), "train_samples_per_second": round(STEPS * 256 / runtime, 3),
+    print({"train_runtime": round(runtime, 4),
+           "train_samples_per_second": round(STEPS * 256 / runtime, 3),
            "train_steps_per_second": round(STEPS / runtime, 3), "train_loss": 0.5, "epoch": 1.0})
 '''
 

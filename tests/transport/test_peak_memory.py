@@ -12,7 +12,8 @@ from envbisect.transport import Transport
 # process's, counts.
 HOLD = r"""
 import subprocess, sys
-child = "import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.2)"
+child = ("import time; b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096]); "
+         "time.sleep(1.2)")
 subprocess.run([sys.executable, "-c", child], check=True)
 """
 
