@@ -154,6 +154,40 @@ def _link_entry(live, dest, keep):
     os.symlink(live, dest)
 
 
+def _relink(links):
+    """Point each dataset's place in a worktree (``root``) at the state's version of it (a
+    worktree is reused by states that differ in their data, so every trial says where it
+    points); a directory linked whole into the live repo is made real down to it first; a
+    file the commit itself holds there is the commit's, and left alone."""
+    for dest, src, root in links:
+        _unlink_parents(dest, root)
+        if os.path.lexists(dest) and not os.path.islink(dest):
+            continue
+        if os.path.islink(dest):
+            if os.readlink(dest) == src:
+                continue
+            os.unlink(dest)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.symlink(src, dest)
+
+
+def _unlink_parents(dest, root):
+    """The directories between ``root`` and ``dest`` made real where one is a link into the
+    live repo (``_link_untracked`` links an untracked directory whole), their other entries
+    linked as before."""
+    rel = os.path.relpath(os.path.dirname(dest), root)
+    if rel.startswith(".."):
+        return
+    here = root
+    for part in [] if rel == "." else rel.split(os.sep):
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            live = os.readlink(here)
+            os.unlink(here)
+            _link_entry(live, here, {dest})
+            return
+
+
 def _content(item):
     """The bytes to put for a swap: sent along (base64), or a blob file on this machine."""
     if item.get("content") is not None:
@@ -300,6 +334,7 @@ def apply(params, put, record, log=None):
     failure = _swaps(params.get("swaps") or (), put)
     if failure:
         return {"failure": failure, "notes": []}
+    _relink(params.get("links") or ())
     try:
         return {"failure": None, "notes": _caches(params.get("caches") or (), where)}
     except CacheRefused as exc:

@@ -44,6 +44,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
     # run/probed.py's bootstrap runs this module and probe_facts under private names, so the
     # program never sees an ``envbisect`` package made up by the probe.
     import _envbisect_probe_profile as profile
+    import _envbisect_probe_reads as probe_reads
     import _envbisect_probe_steps as probe_steps
     from _envbisect_probe_facts import (
         CONFIG_ENV,
@@ -59,7 +60,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
     )
 else:
     from envbisect.agent import kernel_profile as profile
-    from envbisect.agent import probe_steps
+    from envbisect.agent import probe_reads, probe_steps
     from envbisect.agent.probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -327,6 +328,7 @@ def _install():
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
         profile.configure(config)
         step_hooks = probe_steps.configure(config)
+        probe_reads.configure(config)
         _stacks_later(config.get("stacks_after"))
         QUICK["on"] = config.get("quick_exit") is True
 
@@ -429,6 +431,7 @@ def _deliver():
         if profile.STATE["config"] is not None:
             data["profile"] = profile.facts()
         data.update(probe_steps.facts())
+        data.update(probe_reads.facts())
     try:
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
     except ValueError:

@@ -213,6 +213,9 @@ class Plan(Placement):
     swaps: tuple[Swap, ...] = ()
     caches: tuple[CacheDir, ...] = ()
     failure: Failure | None = None
+    # (path in a worktree, what it links to, the worktree): a dataset the program finds by
+    # itself, at its place in the state's worktree, pointing at the state's version
+    links: tuple[tuple[str, str, str], ...] = ()
 
     def with_env(self, set_: Mapping[str, str], unset: tuple[str, ...] = ()) -> Plan:
         env = {k: v for k, v in self.env.items() if k not in unset}
@@ -227,6 +230,7 @@ class Plan(Placement):
         return {
             "worktrees": [list(w) for w in self.worktrees],
             "swaps": [{"path": s.path, "sha256": s.sha256, "key": s.key} for s in self.swaps],
+            "links": [list(link) for link in self.links],
             "caches": [
                 {"name": c.name, "dest": c.dest, "src": c.src, "fill": c.fill, "tree": c.tree}
                 for c in self.caches

@@ -94,6 +94,7 @@ class RunSpec:
     hang_s: float | None = None  # end a local run that used no CPU time this long (--hang-after)
     pinned_env: tuple[str, ...] = ()  # env units' variables, said explicitly on a far target
     profile: ProfileRequest | None = None  # a few steps under torch.profiler (run --profile)
+    watch: tuple[str, ...] = ()  # data paths the probe records the opening of (run.dataread)
 
     @property
     def remote(self) -> bool:
@@ -340,6 +341,7 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
                 step_fn=smoke.step_fn,
                 quick_exit=not smoke.full_exit,
                 stacks_after=probed.stacks_at(spec.timeout_s),
+                watch=spec.watch,
             )
             if spec.profile is not None:
                 trace = probed.trace_path(spec.log_dir, spec.name, spec.remote)

@@ -62,6 +62,7 @@ def bootstrap() -> str:
         ("_envbisect_probe_facts", "probe_facts.py"),
         ("_envbisect_probe_profile", "kernel_profile.py"),
         ("_envbisect_probe_steps", "probe_steps.py"),
+        ("_envbisect_probe_reads", "probe_reads.py"),
         ("_envbisect_probe", "probe.py"),
     ):
         blob = base64.b64encode(zlib.compress((agent / file).read_bytes(), 9)).decode("ascii")
@@ -171,6 +172,7 @@ class Delivery:
     step_fn: str | None = None  # MODULE:QUALNAME whose returns end a step (else optimizer steps)
     stacks_after: float | None = None  # every thread's stack to stderr then (a hang's where)
     quick_exit: bool = False  # end the process after the program (agent/probe.py QUICK)
+    watch: tuple[str, ...] = ()  # data paths whose opening is recorded (agent/probe_reads.py)
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -193,6 +195,8 @@ class Delivery:
             config["quick_exit"] = True
         if self.stacks_after:
             config["stacks_after"] = round(self.stacks_after, 1)
+        if self.watch:
+            config["watch"] = list(self.watch)
         return {CONFIG_ENV: json.dumps(config)}
 
     def collect(

@@ -1,10 +1,6 @@
-"""A trial: the engine's test function (``TrialRunner``) realizes a state with
-``realize.actuate.Actuator``, checks it, runs the smoke command as many times as the engine
-asks and logs it; logged trials are replayed on ``--resume``.
-
-Every trial is appended to the session log before the engine sees it, so ``--resume`` after
-``kill -9`` feeds the logged samples back instead of measuring again. One state is one
-trial: more samples of a state go into the same trial number and directory.
+"""A trial: the engine's test function (``TrialRunner``) realizes a state, checks it, runs
+the smoke command as the engine asks and logs it before the engine sees it (``--resume``
+replays logged trials). One state is one trial: more samples go into its number and dir.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from envbisect.model.session import Session, state_key
 from envbisect.model.steps import describe_timing
 from envbisect.realize.actuate import Actuator, Realized
 from envbisect.realize.faithful import StateCheck, check_state, expected_facts
-from envbisect.run import cmdcheck, contention, interrupt, probed, together
+from envbisect.run import cmdcheck, contention, dataread, interrupt, probed, together
 from envbisect.run.compilecache import CacheUse, CompileCaches, with_cache
 from envbisect.run.launch import RunLog, RunSpec, SmokeCommand, far_transport, form_note, run_once
 from envbisect.run.options import RunOptions
@@ -72,6 +68,7 @@ class TrialWork:
     compile_cache: CacheUse | None = None  # the shared compile cache it ran with
     together: bool = False  # ``n`` processes at once, for a crash rate (no samples)
     crashes: int = 0  # of the processes run together, those that crashed
+    data: tuple[dataread.DataExpect, ...] = ()  # its datasets, whose reads the probe proves
 
     @property
     def applied(self) -> frozenset[str]:
@@ -322,6 +319,8 @@ class TrialRunner:
                 work.notes = (*work.notes, check.summary())
             elif not check.faithful:
                 work.failure, work.untestable = Failure(check.summary()), True
+            values = work.actuator.state_values(work.applied, work.positions)
+            work.data = dataread.expected(values, work.actuator.good, work.actuator.bad, realized)
         if work.failure is None:
             realized = self._share_compile_cache(work, realized)
         if work.failure is None and realized.fill:
@@ -343,7 +342,8 @@ class TrialRunner:
             # is no endpoint, even with one unit.
             full = len(work.applied) == self.n_units and not work.positions
             endpoint = not work.applied or full
-            work.untestable = cmdcheck.no_metric(work.failure) and not endpoint
+            unfaithful = str(work.failure).startswith(dataread.UNFAITHFUL)
+            work.untestable = (cmdcheck.no_metric(work.failure) and not endpoint) or unfaithful
         if work.cancelled():
             raise KeyboardInterrupt
         return realized
@@ -541,6 +541,7 @@ class TrialRunner:
             pin=work.worker.pin_argv() if work.worker is not None else (),
             hang_s=self.o.hang_after_s or None,
             pinned_env=realized.pinned_env,
+            watch=dataread.watch(work.data),
         )
 
     def _run(self, work: TrialWork, realized: Realized, name: str, samples: int) -> Measurement:
@@ -553,6 +554,8 @@ class TrialRunner:
         window = None if work.transport.layers else contention.Window.start()
         m = run_once(self.o.smoke, spec, record=work.runs.append)
         self.at_once.saw(work.runs[-1])
+        m, read = dataread.judged(m, work.data, work.runs[-1].launch.facts)
+        work.notes = tuple(dict.fromkeys((*work.notes, *read)))
         if not self.form_said and (note := form_note(m)):
             self.form_said = True
             self.progress(note)

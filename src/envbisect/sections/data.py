@@ -6,8 +6,11 @@ only notes it). Realized by rewriting argv paths and ``ENVBISECT_DATA_<n>``.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from envbisect.model.changes import (
@@ -20,7 +23,7 @@ from envbisect.model.changes import (
     read_fields,
     strip_volatile,
 )
-from envbisect.model.plan import Context, FactQuery, Plan, Sandbox, Values
+from envbisect.model.plan import Context, FactQuery, Plan, Sandbox, Swap, Values
 from envbisect.sections import DiffContext, KeyedSection, register
 
 
@@ -62,9 +65,15 @@ class DataRealizer:
         return None
 
     def plan(self, ctx: Context, sandbox: Sandbox, values: Values, plan: Plan) -> Plan:
+        """Argv paths rewritten to the state's version, and the version put where a program
+        that builds its own data path finds it: its place in the state's worktree links to
+        it; outside any worktree, the old version is swapped in (journaled) on a local
+        target."""
         data_keys = sorted(str(k) for k in (ctx.bad.section("data") or {}))
         path_map: list[tuple[str, str]] = []
         env: dict[str, str] = {}
+        links: list[tuple[str, str, str]] = []
+        swaps: list[Swap] = []
         for key, (source, _value) in values.items():
             use = key
             if source is ctx.good and key in ctx.data_map:
@@ -75,7 +84,43 @@ class DataRealizer:
             path_map.append((key, use))
             if key in data_keys:
                 env[f"ENVBISECT_DATA_{data_keys.index(key)}"] = use
-        return replace(plan, path_map=plan.path_map + tuple(path_map)).with_env(env)
+            image = _in_worktree(key, plan.worktrees)
+            if image is not None:
+                links.append((image[0], use, image[1]))
+            elif use != key and sandbox.local and os.path.isfile(use):
+                swaps.append(Swap(key, _sha256(use), key, Path(use)))
+        return replace(
+            plan,
+            path_map=plan.path_map + tuple(path_map),
+            links=plan.links + tuple(links),
+            swaps=plan.swaps + tuple(swaps),
+        ).with_env(env)
+
+
+def _in_worktree(key: str, worktrees: tuple[tuple[str, str, str], ...]) -> tuple[str, str] | None:
+    """Where ``key`` (a path inside a repo the state puts in a worktree) is in that
+    worktree, and the worktree."""
+    for repo, _head, path in worktrees:
+        prefix = repo.rstrip("/") + "/"
+        if key.startswith(prefix):
+            return path.rstrip("/") + "/" + key[len(prefix) :], path
+    return None
+
+
+_SHA: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256(path: str) -> str:
+    """The content hash of ``path`` (kept per size and mtime: a dataset is hashed once)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _SHA:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _SHA[key] = h.hexdigest()
+    return _SHA[key]
 
 
 @register
