@@ -34,10 +34,10 @@ torch.set_num_threads(1)
 model = torch.nn.Sequential(torch.nn.Linear(64, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, 64))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 began = time.perf_counter()
-STEPS = 40
+STEPS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 for it in range(STEPS):
     t0 = time.perf_counter()
-    loss = model(torch.randn(256, 64)).pow(2).mean()
+    loss = model(torch.randn(1024, 64)).pow(2).mean()
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -45,15 +45,15 @@ for it in range(STEPS):
     if FORM == "nanogpt":
         print(f"iter {it}: loss {loss.item():.4f}, time {dt * 1000:.2f}ms, mfu -100.00%")
     elif FORM == "tqdm":
-        # A bar over chunks of 100 steps' work: fast states print it/s, slow ones s/it, as
+        # A bar over chunks of 200 steps' work: fast states print it/s, slow ones s/it, as
         # tqdm does on either side of one iteration a second.
-        rate = 0.01 / dt
+        rate = 0.005 / dt
         shown = f"{rate:.2f}it/s" if rate >= 1 else f"{1 / rate:.2f}s/it"
         sys.stderr.write(f"\r{100 * it // STEPS}%|####      | {it}/{STEPS} [00:01<00:02, {shown}]")
 runtime = time.perf_counter() - began
 if FORM == "hf":
     print({"train_runtime": round(runtime, 4),
-           "train_samples_per_second": round(STEPS * 256 / runtime, 3),
+           "train_samples_per_second": round(STEPS * 1024 / runtime, 3),
            "train_steps_per_second": round(STEPS / runtime, 3), "train_loss": 0.5, "epoch": 1.0})
 '''
 
@@ -88,14 +88,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"ws": ws, "repo": repo, "commits": commits}
 
 
-def _run(world: dict[str, object], form: str, *extra: str) -> tuple[dict, str]:
+def _run(
+    world: dict[str, object], form: str, *extra: str, steps: int | None = None
+) -> tuple[dict, str]:
     ws = world["ws"]
     assert isinstance(ws, Path)
+    session = f".envbisect/{form}-{len(extra)}-{steps}"
     res = envbisect(
         ws, "run", "--good", "good.yaml", "--bad", "bad.yaml", "--python", sys.executable,
-        "--until", "70%", "--session", str(ws / f".envbisect/{form}-{len(extra)}"), "--json", "-",
-        *extra,
-        "--", "python", "repo/train.py", form,
+        "--until", "70%", "--session", str(ws / session), "--json", "-", *extra,
+        "--", "python", "repo/train.py", form, *([str(steps)] if steps else []),
     )  # fmt: skip
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
@@ -165,3 +167,36 @@ def test_until_takes_the_figures_own_unit(world: dict[str, object], tmp_path: Pa
     assert wrong.returncode == 2
     assert "a token rate, but the command's figure is read in ms" in wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def _stops(doc: dict) -> list[list[dict]]:
+    """Each trial's early stops (trials of the hunk step carry no timing: left out)."""
+    return [t["timing"].get("stopped_early") or [] for t in doc["trials"] if t.get("timing")]
+
+
+def test_a_long_real_run_ends_once_its_rate_is_known(world: dict[str, object]) -> None:
+    """nanoGPT's default is 5,000 iterations: a slow state's run ends once its rate is
+    known (a fast one's sub-millisecond steps need 1 s of kept steps, most of its run), a
+    clean exit (no crash), and the same commit and hunk are named."""
+    doc, out = _run(world, "nanogpt", steps=5000)
+    _assert_commit_and_hunk(world, doc, out)
+    bad = doc["trials"][1]["timing"]["stopped_early"]
+    assert bad[-1]["why"].startswith("rate known: ") and bad[-1]["at_step"] < 1500, bad
+    assert "stopped at step " in out
+    assert [t for t in doc["trials"] if t["failure"]] == []
+
+
+def test_steps_end_each_run_where_the_user_says(world: dict[str, object]) -> None:
+    doc, _out = _run(world, "nanogpt", "--steps", "30", steps=5000)
+    stops = _stops(doc)
+    assert stops and all(s[-1] == {"at_step": 30, "why": "--steps 30"} for s in stops), stops
+
+
+def test_a_figure_printed_only_at_exit_keeps_a_typed_regexs_run_whole(
+    world: dict[str, object],
+) -> None:
+    regex = r"train_samples_per_second': ([0-9.]+)"
+    doc, out = _run(world, "hf", "--metric-regex", regex, steps=200)
+    _assert_commit_and_hunk(world, doc, out)
+    stops = _stops(doc)
+    assert stops and stops == [[] for _ in stops]  # its figure comes at the end

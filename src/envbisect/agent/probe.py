@@ -46,6 +46,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
     import _envbisect_probe_profile as profile
     import _envbisect_probe_reads as probe_reads
     import _envbisect_probe_steps as probe_steps
+    import _envbisect_probe_stop as probe_stop
     from _envbisect_probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -60,7 +61,7 @@ if __name__ == "_envbisect_probe":  # pragma: no cover - inside the probed progr
     )
 else:
     from envbisect.agent import kernel_profile as profile
-    from envbisect.agent import probe_reads, probe_steps
+    from envbisect.agent import probe_reads, probe_steps, probe_stop
     from envbisect.agent.probe_facts import (
         CONFIG_ENV,
         MAX_REASONS,
@@ -329,6 +330,11 @@ def _install():
         profile.configure(config)
         step_hooks = probe_steps.configure(config)
         probe_reads.configure(config)
+        probe_stop.configure(config, _stop_early)
+        if probe_stop.STOP["rule"] is not None:
+            probe_steps.ON_END[0] = lambda ends: probe_stop.check(
+                ends, probe_steps.COMPILES, probe_steps.T0
+            )
         _stacks_later(config.get("stacks_after"))
         QUICK["on"] = config.get("quick_exit") is True
 
@@ -388,6 +394,17 @@ def _exit_now(code):
     os._exit(code)
 
 
+def _stop_early(why):
+    """The rate is known (``probe_stop``): the program's output flushed, the facts
+    delivered, the process ended with status 0 from the thread that stepped."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    SEEN["quick_exit"] = True
+    _deliver()
+    os._exit(0)
+
+
 def _stacks_later(seconds):
     """A run about to be killed at its timeout writes every thread's stack to stderr first
     (faulthandler's watchdog; nothing runs before then): where a hang hangs. SIGUSR2 writes
@@ -432,6 +449,7 @@ def _deliver():
             data["profile"] = profile.facts()
         data.update(probe_steps.facts())
         data.update(probe_reads.facts())
+        data.update(probe_stop.facts())
     try:
         config = json.loads(os.environ.get(CONFIG_ENV) or "{}")
     except ValueError:

@@ -54,6 +54,7 @@ TRACED_CODE: set[tuple[str, str]] = set()  # (file, qualified name) of each
 MAX_TRACED = 500
 _LOCK = threading.Lock()
 _DEPTH = threading.local()
+ON_END: list[Any] = [None]  # called with a source's step ends after each (probe_stop.check)
 
 
 def configure(config):
@@ -103,6 +104,9 @@ def _end(source):
             ends = by_source[source] = []
         if len(ends) < MAX_ENDS:
             ends.append(now)
+        ended = list(ends) if ON_END[0] is not None else None
+    if ended is not None:
+        ON_END[0](ended)
 
 
 def _optimizer_stepped(optimizer, args, kwargs):

@@ -59,6 +59,8 @@ def command(
     step_fn: str | None,
     full_exit: bool,
     direction: str | None,
+    steps: int | None,
+    max_trial_s: float | None,
     python: str | None,
     via: tuple[str, ...],
     target_name: str | None,
@@ -89,6 +91,8 @@ def command(
         step_fn=step_fn,
         full_exit=full_exit,
         direction=direction,
+        steps=steps,
+        max_trial_s=max_trial_s,
     )
     goal = resolve_threshold(until_ktoks, until, config, relative=False, metric=smoke.metric)
     if goal.value is None:

@@ -188,6 +188,24 @@ def metric_regex_option(func: F) -> F:
         "(default: the first third are warm-up).",
     )(func)
     func = click.option(
+        "--max-trial-s",
+        "max_trial_s",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="End each run of a Python command after S seconds of its program (it exits 0; "
+        "its steps so far are its figure).",
+    )(func)
+    func = click.option(
+        "--steps",
+        "steps",
+        type=click.IntRange(min=2),
+        default=None,
+        help="End each run of a Python command after N timed training steps. By default a "
+        "long run ends once its rate is known: 20 steps spanning 1 s after a third as warm-up, "
+        "none of them compiling, their median within ±3%, and 6 lines of the log's figure shown "
+        "(--full-exit: every run whole).",
+    )(func)
+    func = click.option(
         "--lower-is-better",
         "direction",
         flag_value="lower",
@@ -273,6 +291,8 @@ def smoke_command(
     step_fn: str | None = None,
     full_exit: bool = False,
     direction: str | None = None,
+    steps: int | None = None,
+    max_trial_s: float | None = None,
 ) -> SmokeCommand:
     """The command after ``--``, else envbisect.yaml's ``smoke:``, else the built-in drafter;
     its tok/s read with ``--metric-regex`` when given (a sample per matched line after the
@@ -307,7 +327,20 @@ def smoke_command(
                 "--step-fn is timed by the probe inside a Python command: give the command "
                 "after -- and drop --no-probe"
             )
-    return SmokeCommand(argv, spec, probe=not no_probe, step_fn=step_fn, full_exit=full_exit)
+    if (steps or max_trial_s) and (no_probe or not argv or full_exit):
+        raise UsageError(
+            "--steps and --max-trial-s end a Python command's run through the probe: give "
+            "the command after --, and drop --no-probe and --full-exit"
+        )
+    return SmokeCommand(
+        argv,
+        spec,
+        probe=not no_probe,
+        step_fn=step_fn,
+        full_exit=full_exit,
+        steps=steps,
+        max_trial_s=max_trial_s,
+    )
 
 
 def smoke_command_line(transport: Transport, python: str, smoke: SmokeCommand) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -76,6 +77,8 @@ def command(
     from envbisect.run.probed import STACKS_NOTE, left_stacks, probe_command, shown
 
     argv = command_words(argv, "probe")
+    if python is not None and argv and re.fullmatch(r"python(\d+(\.\d+)*)?", argv[0]):
+        argv = (python, *argv[1:])  # --python X -- python train.py: X runs it
     config = load_config(config_path)
     check_json_path(json_path)
     transport, py = resolve_target(config, python, via, target_name)

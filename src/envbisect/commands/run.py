@@ -252,6 +252,8 @@ def _options(args: RunFlags) -> tuple[datetime | None, RunOptions]:
         step_fn=args.step_fn,
         full_exit=args.full_exit,
         direction=args.direction,
+        steps=args.steps,
+        max_trial_s=args.max_trial_s,
     )
     threshold = resolve_threshold(args.until_ktoks, args.until, config, metric=smoke.metric)
     # With --good-as-of the good path is known once the state is rebuilt.
@@ -314,6 +316,8 @@ class RunFlags:
     step_fn: str | None
     full_exit: bool
     direction: str | None
+    steps: int | None
+    max_trial_s: float | None
     python: str | None
     via: tuple[str, ...]
     target_name: str | None

@@ -239,6 +239,9 @@ def breakdown(wall_s: float, facts: Mapping[str, Any] | None) -> dict[str, Any]:
         return out
     if facts.get("quick_exit"):
         out["quick_exit"] = True
+    stopped = facts.get("stopped_early")
+    if isinstance(stopped, Mapping):
+        out["stopped_early"] = dict(stopped)
     comp = facts.get("compile")
     compile_s = _num(comp.get("compile_s")) if isinstance(comp, Mapping) else None
     found = facts.get("steps")
@@ -264,6 +267,7 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     which samples were used and which compile cache each call ran with."""
     out: dict[str, Any] = {"wall_s": 0.0, "realize_s": 0.0, "fill_s": 0.0, "processes": 0}
     quick = 0
+    stopped: list[Any] = []
     parts: dict[str, float | None] = dict.fromkeys(PARTS)
     used: list[Any] = []
     caches: list[Any] = []
@@ -278,6 +282,8 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["processes"] += len(runs)
         for run in runs:
             quick += bool((run.get("breakdown") or {}).get("quick_exit"))
+            if (run.get("breakdown") or {}).get("stopped_early"):
+                stopped.append(run["breakdown"]["stopped_early"])
             for part in PARTS:
                 value = _num((run.get("breakdown") or {}).get(part))
                 if value is not None:
@@ -292,6 +298,8 @@ def trial_timing(calls: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out["compile_cache"] = caches
     if quick:
         out["quick_exits"] = quick
+    if stopped:
+        out["stopped_early"] = stopped
     return out
 
 
@@ -312,7 +320,11 @@ def describe_timing(t: Mapping[str, Any]) -> str:
     words = {"startup_s": "start-up", "compile_s": "compile", "steps_s": "steps"}
     words["after_s"] = "after"
     parts = [f"{w} {t[k]:.1f}s" for k, w in words.items() if t.get(k) is not None]
-    if t.get("quick_exits") and t.get("after_s") is not None:
+    stopped = t.get("stopped_early") or []
+    if stopped:
+        last = stopped[-1]
+        parts.append(f"stopped at step {last.get('at_step')} ({last.get('why')})")
+    elif t.get("quick_exits") and t.get("after_s") is not None:
         parts[-1] += " (exit cut short by the probe)"
     text = f"{n} process{'es' if n != 1 else ''}" + (": " + ", ".join(parts) if parts else "")
     text += f"; realize {float(t.get('realize_s') or 0):.1f}s"

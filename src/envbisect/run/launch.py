@@ -27,7 +27,7 @@ from envbisect.model.escape import printable
 from envbisect.model.facts import from_drafter
 from envbisect.model.failure import Failure
 from envbisect.model.kernels import ProfileRequest
-from envbisect.model.logforms import Choice, recognize
+from envbisect.model.logforms import FORMS, Choice, recognize
 from envbisect.model.metric import (
     FIGURE_SEEN,
     RESULT_ENV,
@@ -44,6 +44,10 @@ from envbisect.transport.bundle import build_bundle, find_frame
 from envbisect.transport.hang import HangSpec
 
 DRAFTER = "envbisect.agent.drafter"
+# A long run ends once 20 kept steps spanning 1 s (after a third as warm-up, none compiling)
+# know their median within ±3%, and the log has shown 6 lines of its figure
+# (agent/probe_stop.py).
+STOP_RULE = {"min_steps": 20, "min_kept_s": 1.0, "tolerance": 0.03, "min_lines": 6}
 
 
 # ----------------------------------------------------------------------------- one run
@@ -62,6 +66,20 @@ class SmokeCommand:
     # How a command with no --metric-regex was read once its first run was (model.logforms):
     # every later run alike. Shared, filled once.
     choice: Choice = field(default_factory=Choice, compare=False)
+    steps: int | None = None  # --steps N: end each run after N timed steps
+    max_trial_s: float | None = None  # --max-trial-s S: end each run after S seconds
+
+    def stop_rule(self) -> dict[str, Any] | None:
+        """When the probe ends a run early (``agent/probe_stop.py``): once its rate is
+        known, after ``--steps``, or after ``--max-trial-s``; never with ``--full-exit``."""
+        if self.full_exit or self.builtin:
+            return None
+        typed = self.metric is not None
+        spec = self.metric or self.choice.spec
+        figure = [spec.pattern.pattern] if spec else [f.regex for f in FORMS]
+        rule: dict[str, Any] = dict(STOP_RULE, figure=[] if self.choice.steps else figure)
+        rule.update(require_lines=typed, max_steps=self.steps, max_s=self.max_trial_s)
+        return rule
 
     @property
     def builtin(self) -> bool:
@@ -342,6 +360,7 @@ def _launch_command(smoke: SmokeCommand, spec: RunSpec, run_env: dict[str, str])
                 quick_exit=not smoke.full_exit,
                 stacks_after=probed.stacks_at(spec.timeout_s),
                 watch=spec.watch,
+                stop=smoke.stop_rule() if spec.profile is None else None,
             )
             if spec.profile is not None:
                 trace = probed.trace_path(spec.log_dir, spec.name, spec.remote)

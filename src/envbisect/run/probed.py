@@ -63,6 +63,7 @@ def bootstrap() -> str:
         ("_envbisect_probe_profile", "kernel_profile.py"),
         ("_envbisect_probe_steps", "probe_steps.py"),
         ("_envbisect_probe_reads", "probe_reads.py"),
+        ("_envbisect_probe_stop", "probe_stop.py"),
         ("_envbisect_probe", "probe.py"),
     ):
         blob = base64.b64encode(zlib.compress((agent / file).read_bytes(), 9)).decode("ascii")
@@ -92,7 +93,7 @@ def wrap(argv: list[str] | tuple[str, ...], python: str | None = None) -> Wrappe
         return Wrapped((), False, "no command")
     name = os.path.basename(words[0])
     if name == "torchrun":
-        return _wrap_torchrun(words, 1, python)
+        return _wrap_torchrun(words, 1, _launcher_python(words[0], python))
     if not (_PYTHON.match(name) or (python and words[0] == python)):
         return Wrapped(tuple(words), False, f"{name} is not a Python interpreter")
     found = _python_program(words)
@@ -102,6 +103,23 @@ def wrap(argv: list[str] | tuple[str, ...], python: str | None = None) -> Wrappe
     if program[0] == "-m" and program[1] in _TORCHRUN_MODULES:
         return _wrap_torchrun(words, len(opts) + 3, python or words[0])
     return Wrapped((words[0], *opts, "-c", bootstrap(), *program), True)
+
+
+def _launcher_python(launcher: str, python: str | None) -> str | None:
+    """The interpreter of a launcher's workers: ``python`` where it is a path (the state's),
+    else the one a launcher given by path names in its shebang (``/venv/bin/torchrun``
+    runs ``/venv/bin/python``: a bare ``python3`` off PATH may lack torch)."""
+    if python and os.path.isabs(python) or os.sep not in launcher:
+        return python
+    try:
+        with open(launcher, "rb") as fh:
+            first = fh.readline(512)
+    except OSError:
+        return python
+    words = first[2:].decode("utf-8", "replace").split() if first.startswith(b"#!") else []
+    if words and _PYTHON.match(os.path.basename(words[0])) and os.path.isabs(words[0]):
+        return words[0]
+    return python
 
 
 def _python_program(words: list[str]) -> tuple[list[str], list[str]] | str:
@@ -173,6 +191,7 @@ class Delivery:
     stacks_after: float | None = None  # every thread's stack to stderr then (a hang's where)
     quick_exit: bool = False  # end the process after the program (agent/probe.py QUICK)
     watch: tuple[str, ...] = ()  # data paths whose opening is recorded (agent/probe_reads.py)
+    stop: dict[str, Any] | None = None  # when to end a long run early (agent/probe_stop.py)
 
     @classmethod
     def for_run(cls, log_dir: Path, name: str, remote: bool) -> Delivery:
@@ -197,6 +216,8 @@ class Delivery:
             config["stacks_after"] = round(self.stacks_after, 1)
         if self.watch:
             config["watch"] = list(self.watch)
+        if self.stop:
+            config["stop"] = dict(self.stop)
         return {CONFIG_ENV: json.dumps(config)}
 
     def collect(
