@@ -142,7 +142,7 @@ def setup(root: Path) -> None:
     print(f"set up {root}: good {good[:12]}, bad main + an uncommitted edit")
 
 
-def run(root: Path, at_once: int) -> tuple[float, bool]:
+def run(root: Path, at_once: str) -> tuple[float, bool]:
     """One ``envbisect run`` in a fresh session: its wall and whether it named the commit."""
     session = root / f"session-{at_once}"
     shutil.rmtree(session, ignore_errors=True)
@@ -164,7 +164,7 @@ def run(root: Path, at_once: int) -> tuple[float, bool]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--at-once", type=int, default=3)
+    ap.add_argument("--at-once", default="3", help="a number, or auto (the default of run)")
     ap.add_argument("--root", type=Path, help="where to build the world (default: a temp dir)")
     ns = ap.parse_args()
     root = (ns.root or Path(tempfile.mkdtemp(prefix="envbisect-bench-at-once-"))).resolve()
@@ -173,7 +173,7 @@ def main() -> int:
         rows, right = [], True
         for i in range(ns.pairs):
             a, ok_a = run(root, ns.at_once)
-            b, ok_b = run(root, 1)
+            b, ok_b = run(root, "1")
             right = right and ok_a and ok_b
             rows.append((a, b))
             print(f"pair {i + 1}: at once {a:.1f} s, one after another {b:.1f} s, {a / b:.3f}")

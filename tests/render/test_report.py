@@ -368,3 +368,39 @@ def test_a_unit_held_without_a_culprit_only_in_an_unresolved_trial_is_not_cleare
     assert as_json(result)["not_settled"] == [
         {"unit": data, "trial": 5, "verdict": "unresolved", "median_tok_per_s": 5200.0}
     ]
+
+
+def test_next_covers_every_culprit_and_reproduce_keeps_the_runs_options(tmp_path: Path) -> None:
+    """Found as a user: a --find-all run's report reproduced without --find-all, and its
+    Next showed the first of two culprits only."""
+    import dataclasses
+
+    from envbisect.run.context import target_args
+    from envbisect.run.options import RunOptions
+
+    result = _result(tmp_path)
+    second = result.diff.unit("git:/root/dflash")
+    later = Culprit(second, good_median=12000.0, bad_median=6000.0, commit="0123456789abcd")
+    both = (*result.culprits, later)
+    smoke = SmokeCommand(("python", "train.py"), steps=30)
+    options = RunOptions(good=Path("good.yaml"), bad=Path("bad.yaml"), smoke=smoke,
+                         python="python3", find_all=True)  # fmt: skip
+    result = dataclasses.replace(result, culprits=both, target_args=target_args(options))
+    md = render_markdown(result)
+    assert "The culprit env:PYTORCH_CUDA_ALLOC_CONF alone, on this machine:" in md
+    assert "The culprit git:/root/dflash alone, on this machine:" in md
+    assert "envbisect run --python python3 --find-all --steps 30 --good good.yaml" in md
+
+
+def test_a_figure_in_its_own_unit_is_reproduced_in_it(tmp_path: Path) -> None:
+    import dataclasses
+
+    from envbisect.model.units import Unit, showing
+
+    result = dataclasses.replace(_result(tmp_path), threshold=1 / 0.150)  # 150 ms a step
+    with showing(Unit("ms", 1e-3, lower_is_better=True)):
+        md = render_markdown(result)
+        doc = as_json(result)
+    assert "--until 150ms" in md
+    assert doc["figure"]["unit"] == "ms" and doc["figure"]["threshold"] == 150.0
+    assert "Ktok/s" not in md.split("### Changes between the two states")[0]

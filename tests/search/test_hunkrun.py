@@ -192,6 +192,12 @@ def test_the_sentence_names_commit_file_and_hunk_or_the_uncommitted_edit() -> No
     )
     together = replace(c, together=c.hunks[:1])
     assert "(slow together with @@ -1,1 +1,1 @@)" in hunk_sentence(together)
+    # Each alone crashed (or was not judged): not "one of", but the two together.
+    apart = replace(c, culprit=None, candidates=c.hunks, apart_unjudged=True)
+    assert hunk_sentence(apart).startswith(
+        'Culprit: commit e4c6327 "model: call flex_attention directly" — repo/model.py, hunks '
+        "@@ -1,1 +1,1 @@ and @@ -3,1 +3,1 @@ together (none of them alone could be judged)"
+    )
 
 
 def test_the_report_section_shows_the_hunk_and_marks_the_others_cleared() -> None:

@@ -134,6 +134,8 @@ class HunkCulprit:
     good_trial: int | None = None
     bad_trial: int | None = None
     repo: str = ""
+    # candidates each tested alone and none judged (crashed, unresolved): slow only together
+    apart_unjudged: bool = False
 
     def where(self, hunk: Hunk) -> str:
         """``repo/model.py`` of one of the hunks."""

@@ -44,7 +44,12 @@ def hunk_sentence(h: HunkCulprit) -> str:
     """``Culprit: commit e4c6327 "model: …" — repo/model.py hunk @@ -10,1 +10,1 @@ — 218.9 →
     52.4 Ktok/s``, or ``Culprit: uncommitted hunk @@ … @@ in repo/model.py — …``."""
     v = h.version
-    if h.culprit is None:
+    if h.culprit is None and h.apart_unjudged:
+        where = (
+            f"{h.shown}, hunks " + " and ".join(x.header for x in h.candidates) + " together "
+            "(none of them alone could be judged)"
+        )
+    elif h.culprit is None:
         where = f"{h.shown}, one of hunks " + ", ".join(x.header for x in h.candidates)
     elif v.committed:
         where = f"{h.shown} hunk {h.culprit.header}"

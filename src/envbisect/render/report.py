@@ -146,6 +146,9 @@ def reproduce_command(result: RunResult) -> str:
     ]
     if result.smoke.metric is not None:
         argv += ["--metric-regex", result.smoke.metric.pattern.pattern]
+        if result.smoke.metric.unit.name == "(figure)":  # its way round was said, not read
+            lower = result.smoke.metric.unit.lower_is_better
+            argv.append("--lower-is-better" if lower else "--higher-is-better")
     if result.smoke.argv:
         argv += ["--", *result.smoke.argv]
     return shlex.join(argv)
@@ -158,15 +161,20 @@ def _threshold_args(result: RunResult) -> list[str]:
     if result.threshold is None:
         return []
     t = result.threshold
+    unit = shown()
+    if not unit.tokens:
+        return ["--until", f"{unit.show(t).replace(',', '')}{unit.name}"]
     return ["--until-ktoks", f"{t:.0f}" if t >= 1000 else f"{t:g}tok/s"]
 
 
 def next_command(result: RunResult) -> str | None:
     """A command that reproduces the (first) culprit alone on this machine: the change made
     by hand, then the smoke command. None when there is no single culprit."""
-    if not result.culprits:
-        return None
-    c = result.culprits[0]
+    return culprit_command(result, result.culprits[0]) if result.culprits else None
+
+
+def culprit_command(result: RunResult, c: Culprit) -> str | None:
+    """A command that reproduces culprit ``c`` alone on this machine (``next_command``)."""
     cd, smoke = _user_command(result)
     change = c.unit.changes[0]
     key = str(change.key)
@@ -460,19 +468,31 @@ def render_markdown(result: RunResult) -> str:
         lines += ["", "No trial isolated a single unit."]
     lines += ["", "### Trials", "", trial_table(result.trials, fmt="github"), ""]
     lines += ["### Changes between the two states", "", diff_markdown(result.diff, embedded=True)]
-    nxt = next_command(result)
-    if nxt:
-        nxt = printable(nxt)
-        lines += ["### Next", "", "The culprit alone, on this machine:", "", "```", nxt, "```", ""]
-        if result.culprits[0].unit.section in ("packages", "torch-stack"):
+    lines += _next_lines(result)
+    lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
+    return redact_text("\n".join(lines))
+
+
+def _next_lines(result: RunResult) -> list[str]:
+    """The report's Next: each culprit alone, on this machine (one block per culprit)."""
+    lines: list[str] = []
+    several = len(result.culprits) > 1
+    for c in result.culprits:
+        nxt = culprit_command(result, c)
+        if not nxt:
+            continue
+        if not lines:
+            lines += ["### Next", ""]
+        said = f"The culprit {c.unit.id} alone" if several else "The culprit alone"
+        lines += [f"{said}, on this machine:", "", "```", printable(nxt), "```", ""]
+        if c.unit.section in ("packages", "torch-stack"):
             lines += [
                 "This installs into and uninstalls from the target environment itself (every "
                 "package the diff names gets its value in the culprit's state); run it in a "
                 "copy of the environment to keep yours.",
                 "",
             ]
-    lines += ["### Reproduce", "", "```", printable(reproduce_command(result)), "```", ""]
-    return redact_text("\n".join(lines))
+    return lines
 
 
 def session_rows(session: Session) -> list[TrialRow]:

@@ -196,7 +196,8 @@ def machine_facts(bad: mf.Manifest | None, options: RunOptions) -> dict[str, Any
 
 
 def target_args(options: RunOptions) -> tuple[str, ...]:
-    """The words that point a re-run at the same config, target python and layer chain."""
+    """The words that point a re-run at the same config, target python and layer chain,
+    and run it the same way (--find-all, how long each run goes)."""
     words: list[str] = []
     path = getattr(options.config, "path", None)
     if path:
@@ -204,6 +205,15 @@ def target_args(options: RunOptions) -> tuple[str, ...]:
     words += ["--python", options.python]
     for layer in options.transport.layers:
         words += ["--via", layer.describe()]
+    if options.find_all:
+        words.append("--find-all")
+    smoke = options.smoke
+    if smoke.steps:
+        words += ["--steps", str(smoke.steps)]
+    if smoke.max_trial_s:
+        words += ["--max-trial-s", f"{smoke.max_trial_s:g}"]
+    if smoke.full_exit:
+        words.append("--full-exit")
     return tuple(words)
 
 

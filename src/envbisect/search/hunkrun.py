@@ -290,10 +290,15 @@ def _culprit(
     trials = len(m.trials)
     if iso.culprit is None:
         found = tuple(hunks[i] for i in iso.candidates)
+        alone = {next(iter(s)): v for s, v in iso.tested if len(s) == 1}
+        unjudged = len(found) > 1 and all(
+            alone.get(i) not in (None, Verdict.BAD, Verdict.GOOD) for i in iso.candidates
+        )
         return replace(
             base,
             culprit=None,
             candidates=found,
+            apart_unjudged=unjudged,
             trials=trials,
             file=found[0].path,
             shown=shown_path(change.repo, found[0].path),
