@@ -196,3 +196,49 @@ def test_no_regex_is_made_up_without_a_figure_in_tokens_per_second() -> None:
     assert FIGURE_SEEN not in str(failure)
     seen = measure(stdout=b"done: 9.5 tok/s\n", stderr=b"", returncode=0, timed_out=False)
     assert "read with --metric-regex 'done: ([0-9.]+) tok/s'" in str(seen.failure)
+
+
+@pytest.mark.parametrize(
+    ("regex", "unit", "lower"),
+    [
+        (r"(?m)^([0-9.]+) tok/s$", "tok/s", False),  # an inline flag is no group
+        (r"(?:step \d+ )?([0-9.]+)\s*Ktok/s", "Ktok/s", False),
+        (r"time ([0-9.]+)ms", "ms", True),  # nanoGPT
+        (r"([0-9.]+)s/it", "s/it", True),  # tqdm, slower than 1 it/s
+        (r"(?P<rate>[0-9.]+)it/s", "it/s", False),
+        (r"([0-9.]+)\s+samples/sec\b", "samples/sec", False),
+        (r"train_samples_per_second': ([0-9.]+)", "samples/s", False),  # named before it
+        (r"mfu ([0-9.]+)%", "%", False),
+    ],
+)
+def test_the_unit_after_the_group_says_which_way_is_better(
+    regex: str, unit: str, lower: bool
+) -> None:
+    spec = MetricSpec.parse(regex)
+    assert (spec.unit.name, spec.unit.lower_is_better) == (unit, lower)
+
+
+def test_a_figure_of_no_known_unit_needs_its_way_said() -> None:
+    with pytest.raises(UsageError, match="--higher-is-better or --lower-is-better"):
+        MetricSpec.parse(r"loss ([0-9.]+)")
+    spec = MetricSpec.parse(r"loss ([0-9.]+)", "lower")
+    assert spec.unit.lower_is_better and spec.samples("loss 2.0\nloss 4.0\n") == [0.5, 0.25]
+    # A time is read the right way round: 120 ms a step is a rate of 1/0.120 s.
+    assert MetricSpec.parse(r"time ([0-9.]+)ms").read("iter 3: time 120ms") == pytest.approx(
+        1 / 0.120
+    )
+
+
+def test_until_takes_the_figures_own_unit() -> None:
+    from envbisect.model.units import Unit
+
+    ms = Unit("ms", 1e-3, lower_is_better=True)
+    t = Threshold.parse("150ms", "--until 150ms", "--until")
+    assert t.unit == ms and t.value == pytest.approx(1 / 0.150)
+    assert t.describe() == "good means ≤ 150 ms, from --until 150ms"
+    bare = Threshold.parse("150", "--until 150", "--until", ms).in_unit(ms, "--until")
+    assert bare.value == pytest.approx(1 / 0.150) and bare.unit == ms
+    with pytest.raises(UsageError, match="a token rate, but the command's figure is read in ms"):
+        Threshold.parse("12k", "--until 12k", "--until").in_unit(ms, "--until")
+    with pytest.raises(UsageError, match="a figure in ms, but the command's figure is read in"):
+        t.in_unit(Unit("tok/s"), "--until")

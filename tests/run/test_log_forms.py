@@ -126,7 +126,7 @@ def _assert_commit_and_hunk(world: dict[str, object], doc: dict, out: str) -> No
 def test_a_log_form_is_read_as_it_is_and_the_commit_and_hunk_named(
     world: dict[str, object], form: str, unit: str, said: str
 ) -> None:
-    doc, out = _run(world, form)
+    doc, out = _run(world, form, steps=300)  # 0.4 s of the good state's steps: a steady figure
     _assert_commit_and_hunk(world, doc, out)
     assert f"figure: {said}" in out
     figure = doc["figure"]

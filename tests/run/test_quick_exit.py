@@ -92,17 +92,16 @@ def test_a_figure_printed_at_exit_is_missed_and_the_failure_says_full_exit(
     assert full.measurement.ok and full.measurement.tok_per_s == 7.5
 
 
-def test_a_figure_printed_but_not_asked_for_gets_its_regex_not_the_exit_note(
-    tmp_path: Path,
-) -> None:
+def test_a_figure_printed_but_not_asked_for_is_read_not_the_exit_note(tmp_path: Path) -> None:
     """Found as a user: a script printing ``throughput: 7.2 Ktok/s`` run without
     --metric-regex was told that "a figure written at exit needs --full-exit"; its figure
-    was printed, just never asked for."""
+    was printed, just never asked for. A token rate is now read with no regex at all
+    (``model.logforms``), and the run says so."""
     log = _run(tmp_path, regex=None)
-    failure = str(log.measurement.failure)
-    assert failure.startswith("no metric")
-    assert "read with --metric-regex 'throughput: ([0-9.]+) tok/s'" in failure
-    assert QUICK_NOTE not in failure
+    assert log.measurement.ok and log.measurement.tok_per_s == 12.5, log.measurement.failure
+    said = log.measurement.result["metric_from"]
+    assert said["form"] == "a token rate" and said["unit"] == "tok/s"
+    assert "throughput: 12.5 tok/s" in said["line"]
 
 
 @pytest.mark.slow

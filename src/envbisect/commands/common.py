@@ -268,7 +268,8 @@ def resolve_threshold(
     if until_ktoks is not None:
         t = Threshold(value=parse_ktoks(until_ktoks), source=f"--until-ktoks {until_ktoks}")
     elif until is not None:
-        t = Threshold.parse(until, f"--until {until}", "--until")
+        unit = metric.unit if metric is not None else None
+        t = Threshold.parse(until, f"--until {until}", "--until", unit)
     else:
         t = getattr(config, "threshold", None) or Threshold()
     if t.fraction is not None and not relative:

@@ -42,7 +42,7 @@ RESULT_ENV = "ENVBISECT_RESULT"
 RESULT_LINE = re.compile(rb"^ENVBISECT_RESULT (\{.*\})\s*$", re.MULTILINE)
 
 # What follows the number group in a --metric-regex: regex spacing, then the unit's text.
-_AFTER_GROUP = re.compile(r"^\)\s*(?:\\s[*+?]?|\s|\\ )*(?P<unit>(?:\\?[^\s\\()\[\]|,;:'\"=])+)")
+_AFTER_GROUP = re.compile(r"^\)\s*(?:\\s[*+?]?|\s|\\ )*(?P<unit>(?:\\/|\\%|[A-Za-z%µ/_])+)")
 # A figure named before its number: train_samples_per_second, "steps per second".
 _PER_SECOND_BEFORE = re.compile(r"(?P<what>[A-Za-z]+)[_ ]per[_ ]sec(?:ond)?\W*$")
 
@@ -158,34 +158,48 @@ class Measurement:
 
 
 def _regex_unit(regex: str) -> Unit | None:
-    """The unit a --metric-regex names right after its first group, or before it in a
-    ``..._per_second`` name; None when neither tells."""
-    depth, end = 0, None
-    for i, ch in enumerate(regex):
-        if ch == "\\":
-            continue
-        if i and regex[i - 1] == "\\":
-            continue
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                end = i
-                break
-    if end is None:
+    """The unit a --metric-regex names right after its first capturing group, or before it
+    in a ``..._per_second`` name; None when neither tells."""
+    span = _first_group(regex)
+    if span is None:
         return None
+    start, end = span
     found = _AFTER_GROUP.match(regex[end:])
     if found is not None:
         text = re.sub(r"\\(.)", r"\1", found.group("unit"))
         unit = parse_unit(text)
         if unit is not None:
             return unit
-    start = regex.find("(")
     before = re.sub(r"\\(.)", r"\1", regex[:start])
     named = _PER_SECOND_BEFORE.search(before)
     if named is not None:
         return Unit(f"{named.group('what')}/s")
+    return None
+
+
+def _first_group(regex: str) -> tuple[int, int] | None:
+    """(start, end) of the first capturing group's parentheses: ``(?m)`` and ``(?:…)`` are
+    not one, ``(?P<name>…)`` is; escaped parentheses and character classes are skipped."""
+    i, start, depth, in_class = 0, None, 0, False
+    while i < len(regex):
+        ch = regex[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "(":
+            if start is not None:
+                depth += 1
+            elif not regex.startswith("?", i + 1) or regex.startswith("?P<", i + 1):
+                start, depth = i, 1
+        elif ch == ")" and start is not None:
+            depth -= 1
+            if depth == 0:
+                return start, i
+        i += 1
     return None
 
 
@@ -241,9 +255,10 @@ class Threshold:
     text: str | None = None
 
     @classmethod
-    def parse(cls, text: Any, source: str, flag: str) -> Threshold:
-        """``70%`` → a fraction of the good state; ``150ms``, ``2.5it/s`` → that figure;
-        anything else a throughput as in ``parse_ktoks``."""
+    def parse(cls, text: Any, source: str, flag: str, unit: Unit | None = None) -> Threshold:
+        """``70%`` → a fraction of the good state; ``150ms``, ``2.5it/s`` → that figure; a
+        bare number a figure in ``unit`` when the command's figure is read in one (not
+        tokens); anything else a throughput as in ``parse_ktoks``."""
         if isinstance(text, (int, float)) and not isinstance(text, bool):
             text = f"{text:g}" if text < 1000 else f"{float(text):.0f}"
         raw = str(text).strip()
@@ -261,13 +276,17 @@ class Threshold:
                 )
             return cls(fraction=pct / 100, source=source, text=raw)
         figure = _FIGURE_WITH_UNIT.match(raw)
-        unit = parse_unit(figure.group("unit")) if figure is not None else None
-        if figure is not None and unit is not None and not unit.tokens:
+        named = parse_unit(figure.group("unit")) if figure is not None else None
+        bare = _number(raw)
+        if figure is not None and named is not None and not named.tokens:
             number = float(figure.group("num"))
-            if not number > 0 or not math.isfinite(number):
-                raise UsageError(f"{flag} {text!r}: must be a positive figure")
-            return cls(value=unit.rate(number), source=source, unit=unit, text=raw)
-        return cls(value=parse_ktoks(raw, flag), source=source, text=raw)
+        elif bare is not None and unit is not None and not unit.tokens:
+            number, named = bare, unit
+        else:
+            return cls(value=parse_ktoks(raw, flag), source=source, text=raw)
+        if not number > 0 or not math.isfinite(number):
+            raise UsageError(f"{flag} {text!r}: must be a positive figure")
+        return cls(value=named.rate(number), source=source, unit=named, text=raw)
 
     def in_unit(self, unit: Unit, flag: str) -> Threshold:
         """This threshold for figures read in ``unit``: a bare number is a figure in it; a
@@ -314,6 +333,13 @@ class Threshold:
                 f"from {self.source}"
             )
         return "good means faster than midway between the endpoints (no threshold given)"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        return None
 
 
 _FIGURE_WITH_UNIT = re.compile(r"^(?P<num>[0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*(?P<unit>\S.*)$")

@@ -74,7 +74,10 @@ class SmokeCommand:
         known, after ``--steps``, or after ``--max-trial-s``; never with ``--full-exit``."""
         if self.full_exit or self.builtin:
             return None
-        typed = self.metric is not None
+        # A figure read one way must be read so in every run: a typed regex, or a form the
+        # first run was read in, needs its lines; before any choice (or with the probe's
+        # steps chosen) a run may end with none, and its steps are the figure.
+        typed = self.metric is not None or self.choice.spec is not None
         spec = self.metric or self.choice.spec
         figure = [spec.pattern.pattern] if spec else [f.regex for f in FORMS]
         rule: dict[str, Any] = dict(STOP_RULE, figure=[] if self.choice.steps else figure)
