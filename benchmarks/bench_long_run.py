@@ -38,7 +38,9 @@ ITERS = int(sys.argv[1]) if len(sys.argv) > 1 else 5000
 WIDTH = 256
 torch.manual_seed(0)
 torch.set_num_threads(1)
-model = torch.nn.Sequential(torch.nn.Linear(128, WIDTH), torch.nn.GELU(), torch.nn.Linear(WIDTH, 128))
+model = torch.nn.Sequential(
+    torch.nn.Linear(128, WIDTH), torch.nn.GELU(), torch.nn.Linear(WIDTH, 128)
+)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for it in range(ITERS):
     t0 = time.time()
