@@ -17,7 +17,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from envbisect.agent.procfs import read_stat
+from envbisect.agent.procfs import ProcStat, read_stat
 
 TICK_S = 2.0  # how often the group's CPU time is read
 IDLE_CORE = 0.005  # under this share of one core, over idle_s, the group is idle
@@ -32,33 +32,24 @@ class HangSpec:
     stack_signal: int | None = None
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds the processes now in group ``pgid`` have used (``agent.procfs``). One
-    that leaves takes its time with it: ``HangWatch`` starts its window again then."""
-    ticks = 0
+def _group(pgid: int) -> list[ProcStat]:
+    """``/proc/<pid>/stat`` of the processes now in group ``pgid`` (``agent.procfs``)."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
-        return 0.0
-    for pid in pids:
-        stat = read_stat(pid)
-        if stat is not None and stat.pgrp == pgid:
-            ticks += stat.utime + stat.stime
-    return ticks / os.sysconf("SC_CLK_TCK")
+        return []
+    return [st for pid in pids if (st := read_stat(pid)) is not None and st.pgrp == pgid]
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds the processes now in group ``pgid`` have used. One that leaves takes
+    its time with it: ``HangWatch`` starts its window again then."""
+    return sum(st.utime + st.stime for st in _group(pgid)) / os.sysconf("SC_CLK_TCK")
 
 
 def group_rss_bytes(pgid: int) -> int:
-    """Resident bytes of the processes now in group ``pgid`` together (``agent.procfs``)."""
-    pages = 0
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        stat = read_stat(pid)
-        if stat is not None and stat.pgrp == pgid:
-            pages += stat.rss
-    return pages * os.sysconf("SC_PAGE_SIZE")
+    """Resident bytes of the processes now in group ``pgid`` together."""
+    return sum(st.rss for st in _group(pgid)) * os.sysconf("SC_PAGE_SIZE")
 
 
 class PeakWatch:
