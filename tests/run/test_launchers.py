@@ -29,7 +29,7 @@ dist.destroy_process_group()
 
 
 def _probe(tmp_path: Path, *argv: str, path: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PATH": path}
+    env = {**os.environ, "PATH": path, "TMPDIR": str(tmp_path)}  # torchrun's own temp dirs
     return subprocess.run(
         [sys.executable, "-m", "envbisect", "probe", "--log-dir", str(tmp_path / "logs"),
          "--json", str(tmp_path / "probe.json"), *argv],
