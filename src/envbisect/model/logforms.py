@@ -86,13 +86,14 @@ class Choice:
 
     spec: MetricSpec | None = None
     steps: bool = False  # read from the probe's timed steps (no form matched)
+    result: bool = False  # read from its own ENVBISECT_RESULT (runs must reach their end)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def take(self, spec: MetricSpec | None, steps: bool) -> None:
+    def take(self, spec: MetricSpec | None, steps: bool, result: bool = False) -> None:
         with self.lock:
-            if self.spec is None and not self.steps:
-                self.spec, self.steps = spec, steps
+            if not self.made:
+                self.spec, self.steps, self.result = spec, steps, result
 
     @property
     def made(self) -> bool:
-        return self.spec is not None or self.steps
+        return self.spec is not None or self.steps or self.result

@@ -72,7 +72,7 @@ class SmokeCommand:
     def stop_rule(self) -> dict[str, Any] | None:
         """When the probe ends a run early (``agent/probe_stop.py``): once its rate is
         known, after ``--steps``, or after ``--max-trial-s``; never with ``--full-exit``."""
-        if self.full_exit or self.builtin:
+        if self.full_exit or self.builtin or self.choice.result:
             return None
         # A figure read one way must be read so in every run: a typed regex, or a form the
         # first run was read in, needs its lines; before any choice (or with the probe's
@@ -268,6 +268,13 @@ def _read_as_chosen(
     """``reading``, its figure's form said and made the command's (``Choice``); where no
     form matched, the probe's timed steps (steps/s) when it saw them."""
     if smoke.builtin or smoke.metric is not None:
+        return reading
+    if smoke.choice.steps and (reading.ok or cmdcheck.no_metric(reading.failure)):
+        # The first run ended early and was read from its steps: every run is, even one
+        # that reached its own ENVBISECT_RESULT (no two states compared across units).
+        return from_steps(launch.facts) or reading
+    if reading.ok and reading.source in ("file", "line", "frame"):
+        smoke.choice.take(None, steps=False, result=True)  # later runs must reach their end
         return reading
     if metric is not None and reading.source == "regex":
         smoke.choice.take(metric, steps=False)
