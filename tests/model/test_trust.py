@@ -318,3 +318,41 @@ def test_diff_marks_code_loading_entries_of_a_foreign_manifest(
         path.write_text(trust.sign(Manifest(sections=yaml.safe_load(path.read_text()))).to_yaml())
     code, out = _diff(["diff", str(sc.good), str(sc.bad)], capsys)
     assert "LD_PRELOAD: an env var" not in out
+
+
+def _canary_package(where: Path, canary: Path) -> Path:
+    """A source tree whose in-tree PEP 517 backend leaves ``canary`` when any installer
+    builds it (needs no index: the backend requires nothing)."""
+    where.mkdir(parents=True)
+    (where / "pyproject.toml").write_text(
+        "[build-system]\nrequires = []\nbuild-backend = 'backend'\nbackend-path = ['.']\n"
+        "[project]\nname = 'evil'\nversion = '1.0'\n"
+    )
+    (where / "backend.py").write_text(
+        f"open({str(canary)!r}, 'a').write('built')\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+        "def build_wheel(wd, config_settings=None, metadata_directory=None):\n"
+        "    raise SystemExit('canary package: never installs')\n"
+    )
+    return where
+
+
+@pytest.mark.parametrize("escape", ["..", "%2e%2e", "%252e%252e"])
+def test_a_url_that_only_looks_under_a_configured_index_is_reviewed(
+    tmp_path: Path, escape: str
+) -> None:
+    """``<index>/../x`` is not under the index: a real uv build of a real backend would run."""
+    canary = tmp_path / "BUILT"
+    pkg_dir = _canary_package(tmp_path / "elsewhere" / "evil", canary)
+    sc = Scenario(tmp_path)
+    url = f"{sc.index.as_uri()}/{escape}/elsewhere/evil"
+    assert trust._from_index(sc.index.as_uri() + "/ok/pkg.whl", [sc.index.as_uri()])
+    pkg = {"version": "1.0", "installer": "uv", "direct_url": {"url": url, "dir_info": {}}}
+    sc.write(good={}, bad={"packages": {"evil": pkg}}, loose_good=b"a\n", loose_bad=b"a\n")
+    _refused(_run(sc), f"packages evil: installs from {url} (not a configured index)")
+    assert not canary.exists()
+    if escape == "%252e%252e":
+        return  # decoded twice it escapes too: refused, though uv decodes only once
+    # The attack is real: with --trust the trial's uv builds that URL, and the backend runs.
+    proc = _run(sc, "--fresh", "--trust", str(sc.bad))
+    assert canary.exists(), proc.stderr

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from envbisect.model.errors import TrustError
 from envbisect.model.escape import printable
@@ -229,8 +230,42 @@ def package_source(value: Any) -> str | None:
     return None
 
 
+def _url_place(url: str) -> tuple[str, str, str] | None:
+    """``(scheme, host, path)`` of ``url`` (a bare path: a ``file`` URL) with the path
+    percent-decoded until it no longer changes and, for a local file, its symlinks resolved;
+    None when the decoded path holds a ``.``/``..`` step, a NUL or a backslash (no place
+    can be trusted for it)."""
+    parts = urlsplit(url if "://" in url else Path(os.path.abspath(url)).as_uri())
+    path = parts.path
+    for _ in range(4):
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    else:
+        return None
+    steps = path.split("/")
+    if any(s in (".", "..") for s in steps) or "\0" in path or "\\" in path:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme == "file" and host in ("", "localhost"):
+        path, host = os.path.realpath(path), ""
+    return scheme, f"{host}:{parts.port or ''}", path.rstrip("/") or "/"
+
+
 def _from_index(url: str, indexes: Sequence[str]) -> bool:
-    return any(url == ix or url.startswith(ix.rstrip("/") + "/") for ix in indexes if ix)
+    """True when ``url`` lies at or under one of ``indexes``, decided on normalized,
+    decoded places (never on string prefixes: ``<index>/../x`` is not under the index)."""
+    place = _url_place(url)
+    if place is None:
+        return False
+    for ix in indexes:
+        root = _url_place(ix) if ix else None
+        if root is None or root[:2] != place[:2]:
+            continue
+        if place[2] == root[2] or place[2].startswith(root[2].rstrip("/") + "/"):
+            return True
+    return False
 
 
 def repo_runs_code(repo: str) -> str | None:
