@@ -210,13 +210,29 @@ def commit_all(repo: Path, message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def manifest(path: Path, **sections: Any) -> Path:
-    """Write a manifest with the given sections (and a meta label)."""
+def manifest(path: Path, *, own: bool = True, **sections: Any) -> Path:
+    """Write a manifest with the given sections (and a meta label), signed as this user's
+    own as ``envbisect snapshot`` signs it (``own=False``: a foreign one, reviewed by
+    envbisect.model.trust before a run realizes it)."""
+    from envbisect.model.manifest import Manifest
+    from envbisect.model.trust import sign
+
     data: dict[str, Any] = {"schema": SCHEMA, "meta": {"label": path.stem}}
     data.update(sections)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    text = yaml.safe_dump(data, sort_keys=False)
+    if own:
+        text = sign(Manifest(sections=yaml.safe_load(text))).to_yaml()
+    path.write_text(text, encoding="utf-8")
     return path
+
+
+def make_foreign(*paths: Path) -> None:
+    """Drop the signature of manifests: as if another user or machine made them."""
+    for path in paths:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data.get("meta", {}).pop("signature", None)
+        path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
 def store_blob(manifests_dir: Path, content: bytes) -> dict[str, Any]:

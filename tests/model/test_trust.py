@@ -21,7 +21,7 @@ from envbisect.cli import cli, main
 from envbisect.model import trust
 from envbisect.model.errors import TrustError
 from envbisect.model.manifest import Manifest
-from tests.helpers_run import Scenario, commit_all, git, store_blob
+from tests.helpers_run import Scenario, commit_all, git, make_foreign, store_blob
 
 
 def _run(
@@ -62,6 +62,7 @@ def _run(
 def _scenario(tmp_path: Path, bad: dict[str, Any], good: dict[str, Any] | None = None) -> Scenario:
     sc = Scenario(tmp_path)
     sc.write(good=good or {}, bad=bad, loose_good=b"a\n", loose_bad=b"a\n")
+    make_foreign(sc.good, sc.bad)
     return sc
 
 
@@ -94,7 +95,8 @@ def test_code_loading_env_vars_of_a_foreign_manifest_are_refused_then_trust_runs
         "BROWSER": f"touch {canary}",
         "PYTHONWARNINGS": "error::antigravity.X",
         "BASH_ENV": str(evil / "rc"),
-        "EB_FINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "EB_OWN_KNOB": "1",
     }
     sc = _scenario(tmp_path, bad={"env": env})
     last = _refused(
@@ -105,9 +107,10 @@ def test_code_loading_env_vars_of_a_foreign_manifest_are_refused_then_trust_runs
         "env BROWSER",
         "env PYTHONWARNINGS",
         "env BASH_ENV",
+        "env EB_OWN_KNOB: not on the list of env vars known to load no code",
         f"--trust {sc.bad}",
     )
-    assert "EB_FINE" not in last
+    assert "OMP_NUM_THREADS" not in last
     assert not canary.exists()
     assert '"type": "trial"' not in (tmp_path / "session" / "log.jsonl").read_text()
     # --trust names the manifest: the user accepted it, and then it does run.
@@ -221,6 +224,7 @@ def test_a_pth_file_of_a_foreign_manifest_is_refused(tmp_path: Path) -> None:
     site.mkdir(parents=True)
     pth = site / "zz-evil.pth"
     sc.write(good={}, bad={}, loose_good=b"a\n", loose_bad=b"a\n")
+    make_foreign(sc.good, sc.bad)
     bad = yaml.safe_load(sc.bad.read_text())
     bad["files"][str(pth)] = store_blob(sc.mdir, b"import os; os.system('touch PWNED')\n")
     sc.bad.write_text(yaml.safe_dump(bad))
@@ -254,6 +258,7 @@ def test_a_repo_with_hooks_is_listed_and_worktrees_never_run_them(tmp_path: Path
         loose_good=b"a\n",
         loose_bad=b"a\n",
     )
+    make_foreign(sc.good, sc.bad)
     _refused(_run(sc), f"git {sc.repo}: a repo with hooks post-checkout; core.fsmonitor set")
     proc = _run(sc, "--fresh", "--trust", str(sc.bad), "--trust", str(sc.good))
     assert "not made by you" not in proc.stderr, proc.stderr
@@ -309,10 +314,10 @@ def test_diff_marks_code_loading_entries_of_a_foreign_manifest(
     code, out = _diff(["diff", str(sc.good), str(sc.bad)], capsys)
     assert code == 1
     assert "env LD_PRELOAD: an env var that loads code" in out
-    assert "env EB_SLOW:" not in out
+    assert "env EB_SLOW: not on the list of env vars known to load no code" in out
     code, out = _diff(["diff", "--format", "json", str(sc.good), str(sc.bad)], capsys)
     doc = json.loads(out)
-    assert [r["key"] for r in doc["review"]["can_run_code"]] == ["LD_PRELOAD"]
+    assert sorted(r["key"] for r in doc["review"]["can_run_code"]) == ["EB_SLOW", "LD_PRELOAD"]
     # The same manifests, signed by this user: nothing to mark.
     for path in (sc.good, sc.bad):
         path.write_text(trust.sign(Manifest(sections=yaml.safe_load(path.read_text()))).to_yaml())
@@ -349,6 +354,7 @@ def test_a_url_that_only_looks_under_a_configured_index_is_reviewed(
     assert trust._from_index(sc.index.as_uri() + "/ok/pkg.whl", [sc.index.as_uri()])
     pkg = {"version": "1.0", "installer": "uv", "direct_url": {"url": url, "dir_info": {}}}
     sc.write(good={}, bad={"packages": {"evil": pkg}}, loose_good=b"a\n", loose_bad=b"a\n")
+    make_foreign(sc.good, sc.bad)
     _refused(_run(sc), f"packages evil: installs from {url} (not a configured index)")
     assert not canary.exists()
     if escape == "%252e%252e":

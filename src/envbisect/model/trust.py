@@ -65,25 +65,48 @@ CODE_ENV = frozenset(
     }
 )
 CODE_ENV_PREFIXES = ("LD_", "DYLD_", "GIT_", "PIP_", "UV_", "CONDA_", "PYTHON")
-# PYTHON* variables that neither import nor warn (safe to set from anyone's manifest).
-HARMLESS_PYTHON = frozenset(
-    {
-        "PYTHONHASHSEED",
-        "PYTHONUNBUFFERED",
-        "PYTHONDONTWRITEBYTECODE",
-        "PYTHONIOENCODING",
-        "PYTHONUTF8",
-        "PYTHONFAULTHANDLER",
-        "PYTHONOPTIMIZE",
-        "PYTHONNOUSERSITE",
-        "PYTHONMALLOC",
-        "PYTHONTRACEMALLOC",
-        "PYTHONDEVMODE",
-        "PYTHONCOERCECLOCALE",
-        "PYTHONLEGACYWINDOWSSTDIO",
-        "PYTHONINTMAXSTRDIGITS",
-    }
-)
+# The only env vars a foreign manifest may set without review: each takes a number, a
+# switch or a list of options, and none names a program, a library, a module, a plugin, a
+# cache of compiled code or a place to fetch from (README's security section lists them).
+_COUNT = "a thread or process count"
+_SWITCH = "an on/off switch"
+ENV_ALLOWED: Mapping[str, str] = {
+    "OMP_NUM_THREADS": _COUNT,
+    "MKL_NUM_THREADS": _COUNT,
+    "OPENBLAS_NUM_THREADS": _COUNT,
+    "NUMEXPR_NUM_THREADS": _COUNT,
+    "TORCHINDUCTOR_COMPILE_THREADS": _COUNT,
+    "WORLD_SIZE": _COUNT,
+    "LOCAL_WORLD_SIZE": _COUNT,
+    "RANK": "a process's rank",
+    "LOCAL_RANK": "a process's rank",
+    "CUDA_VISIBLE_DEVICES": "which GPUs a process sees",
+    "CUDA_LAUNCH_BLOCKING": _SWITCH,
+    "CUDA_DEVICE_MAX_CONNECTIONS": "a queue count",
+    "CUDA_MODULE_LOADING": "LAZY or EAGER",
+    "PYTORCH_CUDA_ALLOC_CONF": "the caching allocator's options (sizes and switches)",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING": _SWITCH,
+    "CUBLAS_WORKSPACE_CONFIG": "cuBLAS workspace sizes",
+    "NCCL_DEBUG": "a log level (printed to stderr)",
+    "NCCL_P2P_DISABLE": _SWITCH,
+    "NCCL_IB_DISABLE": _SWITCH,
+    "TOKENIZERS_PARALLELISM": _SWITCH,
+    "HF_HUB_OFFLINE": "a switch that only stops network use",
+    "HF_DATASETS_OFFLINE": "a switch that only stops network use",
+    "TRANSFORMERS_OFFLINE": "a switch that only stops network use",
+    "PYTHONHASHSEED": "a number",
+    "PYTHONUNBUFFERED": _SWITCH,
+    "PYTHONDONTWRITEBYTECODE": _SWITCH,
+    "PYTHONFAULTHANDLER": _SWITCH,
+    "PYTHONUTF8": _SWITCH,
+    "PYTHONIOENCODING": "an encoding name",
+    "PYTHONOPTIMIZE": "a level",
+    "PYTHONNOUSERSITE": "a switch that only turns code loading off",
+    "PYTHONDEVMODE": _SWITCH,
+    "PYTHONINTMAXSTRDIGITS": "a number",
+    "LANG": "a locale name (data files only)",
+    "LC_ALL": "a locale name (data files only)",
+}
 _PROXY = re.compile(r"(?i)^(all|http|https|ftp|no)_proxy$")
 _CODE_FILES = re.compile(r"(\.pth|(^|/)(site|user)customize\.py|\.so|\.pyd)$")
 
@@ -202,16 +225,20 @@ class Risk:
 
 
 def env_risk(name: str) -> str | None:
-    """Why setting env var ``name`` can run code or reach out (None: it cannot)."""
+    """Why env var ``name`` from a foreign manifest needs review (None: it is on
+    :data:`ENV_ALLOWED`). Known code loaders are named as such; every other name is
+    reviewed too, since a list of dangerous names always misses the next one."""
+    if name in ENV_ALLOWED:
+        return None
     if name in CODE_ENV:
         return "an env var that loads code or redirects a tool"
-    if name.startswith("PYTHON") and name not in HARMLESS_PYTHON:
+    if name.startswith("PYTHON"):
         return "a Python env var that imports, runs or warns"
-    if name.startswith(CODE_ENV_PREFIXES) and not name.startswith("PYTHON"):
+    if name.startswith(CODE_ENV_PREFIXES):
         return "an env var that loads code or changes where tools fetch from"
     if _PROXY.match(name):
         return "a proxy: where network traffic goes"
-    return None
+    return "not on the list of env vars known to load no code (README: Security)"
 
 
 def package_source(value: Any) -> str | None:
