@@ -98,6 +98,10 @@ def command(
     from envbisect.snapshot.when import parse_as_of
 
     when = parse_as_of(as_of) if as_of is not None else None  # a bad date costs nothing
+    if output and output != "-":
+        from envbisect.model.manifest import refuse_not_a_file
+
+        refuse_not_a_file("-o", Path(output))  # before the snapshot: a typo costs nothing
     config = load_config(config_path).with_overrides(
         repos=repos, files=files, data=data, probes=probes, env=env
     )

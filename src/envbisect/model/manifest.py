@@ -537,8 +537,47 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def file_kind(mode: int) -> str:
+    """What a non-regular file of ``mode`` is, in words (``a device``, ``a FIFO``...)."""
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def not_a_file(path: Path | str) -> str | None:
+    """What is at ``path`` when it is there and not a regular file (a symlink is not
+    followed); None for a regular file or a new name."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) else file_kind(mode)
+
+
+def refuse_not_a_file(flag: str, path: Path | str) -> None:
+    """UsageError when writing ``path`` would replace something that is not a file."""
+    from envbisect.model.errors import UsageError
+
+    kind = not_a_file(path)
+    if kind is not None:
+        raise UsageError(
+            f"{flag} {path}: is {kind}; envbisect writes only over a regular file or a new "
+            "name (use - for stdout)"
+        )
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one."""
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one; never
+    over a device, FIFO, socket, directory or symlink (UsageError)."""
+    refuse_not_a_file("output", path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -560,6 +599,7 @@ def check_writable(flag: str, path: Path) -> None:
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    refuse_not_a_file(flag, path)
     parent = path.absolute().parent
     if not parent.is_dir():
         raise UsageError(f"{flag} {path}: the directory {parent} does not exist")

@@ -20,7 +20,7 @@ from typing import Any
 
 from envbisect.model.errors import ScopeError
 from envbisect.model.escape import printable
-from envbisect.model.manifest import Manifest
+from envbisect.model.manifest import Manifest, file_kind
 
 
 @dataclass(frozen=True)
@@ -172,20 +172,8 @@ def not_regular(touches: Iterable[Touch]) -> list[tuple[Touch, str]]:
         except OSError:
             continue  # absent: created by a swap, removed on restore
         if not stat.S_ISREG(st.st_mode):
-            out.append((t, _kind(st.st_mode)))
+            out.append((t, file_kind(st.st_mode)))
     return out
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    return "not a regular file"
 
 
 def check(

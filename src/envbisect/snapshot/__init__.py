@@ -25,7 +25,7 @@ from envbisect.agent.redact import redact_text
 from envbisect.model.changes import human_bytes
 from envbisect.model.config import Config
 from envbisect.model.errors import CollectError, TransportError, UsageError
-from envbisect.model.manifest import Manifest, atomic_write_bytes, save
+from envbisect.model.manifest import Manifest, atomic_write_bytes, refuse_not_a_file, save
 from envbisect.model.trust import sign
 from envbisect.transport import Transport
 
@@ -204,6 +204,7 @@ def write_snapshot(manifest: Manifest, out: str | None, config: Config) -> Path 
     manifest = sign(manifest)
     if path.is_dir():
         raise UsageError(f"{path}: is a directory; give a file name for -o")
+    refuse_not_a_file("-o", path)
     try:
         save(manifest, path)
     except OSError as exc:
