@@ -348,7 +348,7 @@ def test_a_url_that_only_looks_under_a_configured_index_is_reviewed(
 ) -> None:
     """``<index>/../x`` is not under the index: a real uv build of a real backend would run."""
     canary = tmp_path / "BUILT"
-    pkg_dir = _canary_package(tmp_path / "elsewhere" / "evil", canary)
+    _canary_package(tmp_path / "elsewhere" / "evil", canary)
     sc = Scenario(tmp_path)
     url = f"{sc.index.as_uri()}/{escape}/elsewhere/evil"
     assert trust._from_index(sc.index.as_uri() + "/ok/pkg.whl", [sc.index.as_uri()])

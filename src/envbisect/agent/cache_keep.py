@@ -74,43 +74,57 @@ def _size_word(n):
     return f"{mib}MiB"
 
 
-def keep(root, cap, put):
+def keep(root, cap, put, withhold=None):
     """Keep the content of the cache dir ``root`` (at most ``cap`` bytes): ``put(sha256,
-    path or bytes)`` stores one blob. Returns ``{tree, files, bytes}``, or a str saying why
-    nothing was kept."""
+    path or bytes, mode)`` stores one blob; ``withhold(path, st)`` says why a file must not
+    be stored (a secret), or None. Returns ``{tree, files, bytes}`` (and ``withheld``:
+    ``[relpath, why]`` of each file left out), or a str saying why nothing was kept."""
     listing = list(_files(root))
     total = sum(st.st_size for _rel, _path, st in listing)
     why = too_big(total, cap)
     if why is not None:
         return why
     tree = []
+    withheld = []
     for rel, path, st in listing:
+        why = withhold(path, st) if withhold is not None else None
+        if why:
+            withheld.append([rel, why])
+            continue
         sha = _sha_file(path)
-        put(sha, path)
+        put(sha, path, stat.S_IMODE(st.st_mode))
         tree.append([rel, sha, stat.S_IMODE(st.st_mode)])
     tree.sort()
     body = json.dumps({"schema": TREE_SCHEMA, "files": tree}, sort_keys=True).encode("utf-8")
     sha = hashlib.sha256(body).hexdigest()
-    put(sha, body)
-    return {"tree": sha, "files": len(tree), "bytes": total}
+    put(sha, body, 0o600)
+    out = {"tree": sha, "files": len(tree), "bytes": total}
+    if withheld:
+        out["withheld"] = withheld
+    return out
 
 
 def put_into_dir(blob_dir):
     """A ``put`` that writes each blob into ``blob_dir`` (atomically; present ones kept)."""
 
-    def put(sha, source):
+    def put(sha, source, mode=0o600):
         target = os.path.join(blob_dir, sha)
         if os.path.exists(target):
             return
         os.makedirs(blob_dir, exist_ok=True)
         tmp = f"{target}.{os.getpid()}.tmp"
-        if isinstance(source, bytes):
-            with open(tmp, "wb") as fh:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            if isinstance(source, bytes):
                 fh.write(source)
-        else:
-            with open(source, "rb") as src, open(tmp, "wb") as fh:
-                for block in iter(lambda: src.read(_CHUNK), b""):
-                    fh.write(block)
+            else:
+                with open(source, "rb") as src:
+                    for block in iter(lambda: src.read(_CHUNK), b""):
+                        fh.write(block)
+            # Never wider than the source's own mode, never executable: a 0600 file stays 0600.
+            os.fchmod(fh.fileno(), mode & 0o644)
         os.replace(tmp, target)
 
     return put
@@ -120,7 +134,7 @@ def put_into_map(blobs, have=()):
     """A ``put`` that adds each blob to ``blobs`` (sha256 → base64), to travel back; one
     the caller's blob store already holds (``have``) is not read or sent again."""
 
-    def put(sha, source):
+    def put(sha, source, mode=0o600):
         if sha in blobs or sha in have:
             return
         if not isinstance(source, bytes):
@@ -151,15 +165,23 @@ def materialize(tree, dest, fetch):
     """Make ``dest`` hold exactly the files of ``tree`` (read_tree's entries); ``fetch(sha)``
     gives a blob's bytes or None. Returns the missing blobs' count (0: complete)."""
     missing = 0
-    os.makedirs(dest, exist_ok=True)
+    os.makedirs(dest, mode=0o700, exist_ok=True)
     for rel, sha, mode in tree:
         data = fetch(sha)
         if data is None:
             missing += 1
             continue
         path = os.path.join(dest, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as fh:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(path, mode or 0o644)
+        os.chmod(path, owner_mode(mode))
     return missing
+
+
+def owner_mode(mode):
+    """The mode a rebuilt file gets: the owner's alone, 0700 when the tree said executable,
+    else 0600. A tree's recorded mode is never applied as it is (no setuid, setgid, sticky,
+    group or world bits: a tree may come from anyone)."""
+    return 0o700 if int(mode or 0) & 0o100 else 0o600

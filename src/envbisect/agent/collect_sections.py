@@ -24,9 +24,10 @@ from envbisect.agent.collect_common import (
     read_text,
     sorted_dict,
 )
+from envbisect.agent.redact import secret_in_content
 
 # Shipped with this module by the bundle (see envbisect.transport.bundle).
-AGENT_REQUIRES = ("envbisect.agent.collect_common",)
+AGENT_REQUIRES = ("envbisect.agent.collect_common", "envbisect.agent.redact")
 
 
 def collect_system(c):
@@ -365,15 +366,19 @@ def collect_files(c, blobs):
                 c.error("files", f"{key}: {exc.strerror}")
                 continue
             blob = None
+            withheld = None
             if limit and size <= limit and sha in have:  # the caller's store holds it
                 blob = sha
             elif limit and size <= limit:
                 with open(key, "rb") as fh:
                     data = fh.read()
-                if hashlib.sha256(data).hexdigest() == sha:  # unchanged while we looked
-                    blobs[sha] = base64.b64encode(data).decode("ascii")
+                withheld = secret_in_content(data)
+                if withheld is None and hashlib.sha256(data).hexdigest() == sha:
+                    blobs[sha] = base64.b64encode(data).decode("ascii")  # unchanged meanwhile
                     blob = sha
             out[key] = {"sha256": sha, "size": size, "blob": blob}
+            if withheld:
+                out[key]["withheld"] = f"content not kept: it holds {withheld}"
     return sorted_dict(out)
 
 

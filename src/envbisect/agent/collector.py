@@ -35,7 +35,7 @@ from envbisect.agent.collect_sections import (
 )
 
 # Secrets are redacted by the one implementation the host uses too; the bundle ships it along.
-from envbisect.agent.redact import redact_env
+from envbisect.agent.redact import redact_env, secret_in_content
 
 # Shipped with this module by the bundle (see envbisect.transport.bundle).
 AGENT_REQUIRES = (
@@ -155,7 +155,7 @@ def collect_caches(c, blobs):
         try:
             facts.update(cache_facts(facts["path"]))
             if cap and facts.get("files"):
-                kept = keep(facts["path"], cap, put)
+                kept = keep(facts["path"], cap, put, _secret_file)
                 if isinstance(kept, str):
                     c.error("caches", f"{name}: {kept}")
                 else:
@@ -164,6 +164,25 @@ def collect_caches(c, blobs):
             c.error("caches", f"{name}: {exc}")
         out[name] = sorted_dict(facts)
     return out
+
+
+_SCANNED_BYTES = 256 * 1024
+
+
+def _secret_file(path, st):
+    """Why a cache file must not be kept as a blob (it holds a key or a token), or None.
+    Small text files only: compiled code is neither, and is read once more for its hash."""
+    if st.st_size > _SCANNED_BYTES:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SCANNED_BYTES)
+    except OSError:
+        return None
+    if b"\0" in head[:8192]:
+        return None
+    why = secret_in_content(head)
+    return f"content not kept: it holds {why}" if why else None
 
 
 def collect_env(c):

@@ -316,3 +316,37 @@ def redact_tree(obj: object) -> object:
             return redact_argv(obj)
         return [redact_tree(v) for v in obj]
     return obj
+
+
+# -- file contents ----------------------------------------------------------------------------
+
+# Shapes that mark a file as holding a secret: the key and token formats, not the looser
+# ``name: value`` / bearer / URL forms (common in code and docs that hold no secret).
+_WEAK_SHAPES = frozenset(
+    {
+        "a secret after a secret-named key:",
+        "a bearer token",
+        "basic credentials",
+        "credentials in a URL",
+    }
+)
+_STRONG_RES = tuple(entry for entry in _SHAPE_RES if entry[0] not in _WEAK_SHAPES)
+# A dotenv line: ``NAME=value`` (or ``export NAME=value``), no blank around the ``=``.
+_DOTENV_LINE = re.compile(r"(?m)^[ \t]*(?:export[ \t]+)?(?P<name>[A-Za-z_][A-Za-z0-9_]*)=\S")
+CONTENT_SCAN_BYTES = 1 << 20
+
+
+def secret_in_content(data: bytes) -> str | None:
+    """Why file content ``data`` must not be stored as a blob: it holds a private key, a
+    token of a known format, or a dotenv line of a secret-named variable (None: it holds
+    none of those). Only the first ``CONTENT_SCAN_BYTES`` are read."""
+    text = data[:CONTENT_SCAN_BYTES].decode("utf-8", "replace")
+    if _ANY_SHAPE.search(text) is not None:
+        for why, regex, needles in _STRONG_RES:
+            if all(n in text for n in needles) and regex.search(text):
+                return why
+    if "=" in text:
+        for m in _DOTENV_LINE.finditer(text):
+            if is_secret_name(m.group("name")):
+                return f"a secret-named variable ({m.group('name')}=)"
+    return None

@@ -4,9 +4,10 @@ A manifest this user made on this machine carries ``meta.signature``: an HMAC-SH
 canonical content under a per-user key kept 0600 in ``$XDG_CONFIG_HOME/envbisect/`` (default
 ``~/.config/envbisect/``), made on first use. Any other manifest is *foreign*: before the first
 trial ``run`` lists every entry of it that can execute code or reach the network when a
-trial realizes it — env vars that load code or redirect tools, packages from sources other
-than the configured indexes, ``.pth``/``sitecustomize`` files, repos with hooks or an
-fsmonitor — and refuses unless ``--trust`` names the manifest (like git's
+trial realizes it — every env var not on :data:`ENV_ALLOWED` (variables known to load no
+code), packages from sources other than the configured indexes (decided on the URL's
+normalized, decoded place), ``.pth``/``sitecustomize`` files, repos with hooks or an
+fsmonitor, kept compile-cache trees — and refuses unless ``--trust`` names the manifest (like git's
 ``safe.directory``). ``diff`` marks the same entries and always shows package sources.
 """
 
@@ -344,7 +345,24 @@ def review(
             if why:
                 name = str(manifest.path or manifest.label)
                 out.append(Risk(change.section, change.key, why, name))
+    for manifest in strangers:
+        out += kept_trees(manifest)
     return list(dict.fromkeys(out))
+
+
+def kept_trees(manifest: Manifest) -> list[Risk]:
+    """The compile caches whose content ``manifest`` keeps: a run rebuilds them from its
+    blobs (whichever state it realizes), and a trial loads that compiled code."""
+    return [
+        Risk(
+            "caches",
+            str(name),
+            "a kept compile-cache tree: compiled code a trial loads, rebuilt from its blobs",
+            str(manifest.path or manifest.label),
+        )
+        for name, value in sorted(manifest.section("caches").items())
+        if isinstance(value, Mapping) and isinstance(value.get("kept"), Mapping)
+    ]
 
 
 def _why(section: str, key: str, value: Any, indexes: Sequence[str]) -> str | None:
