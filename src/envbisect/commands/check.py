@@ -109,8 +109,15 @@ def command(
     if print_command:
         click.echo(smoke_command_line(transport, py, smoke))
         return 0
+    from envbisect.agent.redact import redact_text
+    from envbisect.model.escape import terminal
+
     click.echo(
-        f"envbisect check: {goal.describe()}; running {smoke.describe()} {repeats}×", err=True
+        terminal(
+            redact_text(f"envbisect check: {goal.describe()}; running {smoke.describe()} ")
+            + f"{repeats}×"
+        ),
+        err=True,
     )
     with showing(smoke.metric.unit if smoke.metric else goal.unit):
         result = check(
@@ -127,13 +134,15 @@ def command(
 
 def _echo_verdict(result: CheckResult) -> None:
     """The verdict on stdout; a note on stderr when it sits inside the noise."""
+    from envbisect.agent.redact import redact_text
+    from envbisect.model.escape import terminal
     from envbisect.model.metric import format_tok
     from envbisect.model.units import shown
 
     if result.verdict == "skip":
-        click.echo(f"cannot test: {result.failure}; logs in {result.log_dir}")
+        click.echo(terminal(redact_text(f"cannot test: {result.failure}; logs in {result.log_dir}")))
         if result.detail:
-            click.echo(result.detail)
+            click.echo(terminal(redact_text(result.detail)))
         return
     sign = "≥" if result.verdict == "good" else "<"
     if shown().lower_is_better:

@@ -92,7 +92,10 @@ def command(
     run = probe_command(
         argv, transport=transport, python=py, timeout_s=timeout_s, log_dir=log_dir, profile=request
     )
-    document = json.dumps(run.as_dict(), indent=2, sort_keys=True)
+    from envbisect.agent.redact import redact_tree
+
+    # As run's: a secret typed on the command line (--hf-token hf_...) is never written.
+    document = json.dumps(redact_tree(run.as_dict()), indent=2, sort_keys=True)
     if not emit_json(document, json_path, fmt):
         lines = describe(run.facts) if run.facts else ["no facts came back (see the logs)"]
         if profile and run.facts:

@@ -1,0 +1,44 @@
+"""A secret typed on the command line is redacted by probe --json and check, as run does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TOKEN = "hf_" + "a1B2c3D4e5" * 4
+SCRIPT = "import sys; print('ENVBISECT_RESULT {\"tok_per_s\": 5000}')"
+
+
+def _envbisect(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "envbisect", *argv],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        check=False,
+    )
+
+
+def test_probe_json_redacts_a_token_in_the_command(tmp_path: Path) -> None:
+    out = tmp_path / "facts.json"
+    proc = _envbisect(
+        tmp_path, "probe", "--json", str(out), "--",
+        sys.executable, "-c", "pass", "--hf-token", TOKEN, f"--key={TOKEN}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert TOKEN not in text and TOKEN not in proc.stdout
+    assert "<redacted>" in json.dumps(json.loads(text)["argv"])
+
+
+def test_check_never_prints_a_token_of_the_command(tmp_path: Path) -> None:
+    proc = _envbisect(
+        tmp_path, "check", "--python", sys.executable, "--until-ktoks", "1k", "--repeats", "1",
+        "--", sys.executable, "-c", SCRIPT, "--hf-token", TOKEN,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert TOKEN not in proc.stdout + proc.stderr
+    assert "<redacted>" in proc.stderr
