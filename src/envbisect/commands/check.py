@@ -140,7 +140,8 @@ def _echo_verdict(result: CheckResult) -> None:
     from envbisect.model.units import shown
 
     if result.verdict == "skip":
-        click.echo(terminal(redact_text(f"cannot test: {result.failure}; logs in {result.log_dir}")))
+        said = f"cannot test: {result.failure}; logs in {result.log_dir}"
+        click.echo(terminal(redact_text(said)))
         if result.detail:
             click.echo(terminal(redact_text(result.detail)))
         return
