@@ -498,3 +498,48 @@ def test_a_child_forked_by_a_killed_holder_delays_reset_only_until_it_goes(
     assert proc.returncode == -signal.SIGKILL
     report = Session.existing(tmp_path / "a").reset()
     assert report.restored == (f,) and f.read_bytes() == b"original\n"
+
+
+# ---- nothing private left behind; lines envbisect never wrote ------------------------------
+
+
+def test_the_copy_of_a_private_file_is_gone_once_it_is_restored(tmp_path: Path) -> None:
+    secret = tmp_path / "credentials"
+    secret.write_bytes(b"token = x\n")
+    os.chmod(secret, 0o600)
+    j = _journal(tmp_path)
+    j.swap(secret, b"swapped in\n")
+    backups = tmp_path / "s" / "backups"
+    assert [p.read_bytes() for p in backups.iterdir()] == [b"token = x\n"]
+    j.restore()
+    assert secret.read_bytes() == b"token = x\n"
+    assert list(backups.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"op": "swap", "path": "/x"},
+        {"op": "restored", "id": "1"},
+        {"op": "swap", "id": 1},
+    ],
+    ids=["no-id", "string-id", "no-path"],
+)
+def test_a_journal_line_envbisect_never_wrote_is_named_by_reset(
+    tmp_path: Path, line: dict[str, object]
+) -> None:
+    session = tmp_path / "session"
+    session.mkdir()
+    (session / "journal.jsonl").write_text(json.dumps(line) + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "reset", "--session", str(session)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    [said] = proc.stderr.strip().splitlines()
+    assert said.startswith("envbisect: error: ") and "journal.jsonl" in said
+    assert "it was not written by envbisect" in said

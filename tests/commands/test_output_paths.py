@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from envbisect.model.manifest import atomic_write_text
+from envbisect.model.paths import atomic_write_text
 from tests.helpers_run import manifest
 
 

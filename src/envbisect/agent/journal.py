@@ -303,7 +303,7 @@ def held(session):
 
 def _entries(journal):
     """Open swaps with their latest ``put`` and whether its in-place write finished."""
-    entries = read_lines(journal)
+    entries = _checked(journal)
     restored = {e.get("id") for e in entries if e.get("op") == "restored"}
     swaps = {}
     order = []
@@ -322,13 +322,42 @@ def _entries(journal):
     return [swaps[sid] for sid in order]
 
 
+_OPS = ("swap", "put", "written", "restored")
+
+
+def _check_line(journal, e):
+    """JournalError for a line envbisect could not have written: an op without an integer
+    ``id``, a swap without a ``path`` (guessing could forget a file still swapped)."""
+    op = e.get("op")
+    if op not in _OPS:
+        return
+    sid = e.get("id")
+    if not isinstance(sid, int) or isinstance(sid, bool):
+        raise JournalError(
+            f"{journal}: a {op!r} line without an integer id; it was not written by "
+            "envbisect: fix or remove that line"
+        )
+    if op == "swap" and not isinstance(e.get("path"), str):
+        raise JournalError(
+            f"{journal}: swap {sid} names no path; it was not written by envbisect: fix or "
+            "remove that line"
+        )
+
+
 def open_swaps(journal):
     """Swap entries with no ``restored`` line yet, in order (``put`` is the latest)."""
     return _entries(journal)
 
 
 def next_id(journal):
-    return 1 + max([int(e["id"]) for e in read_lines(journal) if "id" in e] or [0])
+    return 1 + max([e["id"] for e in _checked(journal) if "id" in e] or [0])
+
+
+def _checked(journal):
+    entries = read_lines(journal)
+    for e in entries:
+        _check_line(journal, e)
+    return entries
 
 
 def swap(journal, backups, target, content, entry_id=None):
@@ -486,6 +515,11 @@ def _restore_one(journal, backups, entry):
     # later restore finds it unchanged.
     with contextlib.suppress(OSError):
         append_line(journal, line)
+    # The original is back in place (or beside it): the session's copy of it goes, since it
+    # may hold what the user keeps private (a 0600 credentials file).
+    if entry.get("backup") is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(backups, str(entry["backup"])))
     return {"path": target, "outcome": outcome, "original": original}
 
 

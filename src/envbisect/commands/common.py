@@ -433,7 +433,7 @@ def check_json_path(json_path: str | None) -> None:
     """A ``--json PATH`` that cannot be written is said before anything runs."""
     from envbisect.model.argvmap import PYTHON_NAME
     from envbisect.model.errors import UsageError
-    from envbisect.model.manifest import check_writable
+    from envbisect.model.paths import check_writable
 
     if json_path and PYTHON_NAME.fullmatch(json_path):
         # ``--json python s.py``: the interpreter was taken for the file to write.
@@ -447,7 +447,7 @@ def check_json_path(json_path: str | None) -> None:
 
 def emit_json(document: str, json_path: str | None, fmt: str) -> bool:
     """``--json PATH`` written; True when the JSON went to stdout in place of the text."""
-    from envbisect.model.manifest import atomic_write_text
+    from envbisect.model.paths import atomic_write_text
 
     if json_path and json_path != "-":
         atomic_write_text(Path(json_path), document + "\n")

@@ -9,6 +9,10 @@ from typing import Any
 import click
 
 from envbisect.model.errors import UsageError
+from envbisect.model.escape import printable
+
+# A probe's facts with a kernel table are a few MB; anything far larger is another file.
+PROFILE_FACTS_CAP = 64 << 20
 
 
 @click.command("profile-diff")
@@ -42,12 +46,15 @@ def command(good: Path, bad: Path, fmt: str, lines: int) -> int:
 def _table(path: Path) -> Any:
     from envbisect.model.kernels import ProfileTable
 
+    from envbisect.model.paths import read_bounded
+
+    raw = read_bounded(path, PROFILE_FACTS_CAP, "a probe's profile facts")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise UsageError(f"{path}: not a probe's facts (JSON nested too deep)") from None
     except ValueError as exc:
-        raise UsageError(f"{path}: not JSON ({exc})") from None
+        raise UsageError(f"{path}: not JSON ({printable(str(exc)[:200])})") from None
     if isinstance(data, dict) and isinstance(data.get("facts"), dict):
         data = data["facts"]  # envbisect probe --format json
     try:

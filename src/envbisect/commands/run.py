@@ -185,7 +185,7 @@ def command(**flags: Any) -> int:
     --resume; clean up with reset).
     """
     from envbisect.model.escape import terminal
-    from envbisect.model.manifest import check_writable
+    from envbisect.model.paths import check_writable
     from envbisect.model.units import showing
     from envbisect.render import report
     from envbisect.run.options import validate_options
@@ -473,7 +473,7 @@ def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
 def _write_outputs(result: RunResult, json_path: str | None, report_path: str | None) -> None:
     """``--json`` (``-``: stdout) and ``--report``."""
     from envbisect.model.escape import terminal
-    from envbisect.model.manifest import atomic_write_text
+    from envbisect.model.paths import atomic_write_text
     from envbisect.render import report
 
     if json_path == "-":

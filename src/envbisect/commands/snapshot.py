@@ -99,7 +99,7 @@ def command(
 
     when = parse_as_of(as_of) if as_of is not None else None  # a bad date costs nothing
     if output and output != "-":
-        from envbisect.model.manifest import refuse_not_a_file
+        from envbisect.model.paths import refuse_not_a_file
 
         refuse_not_a_file("-o", Path(output))  # before the snapshot: a typo costs nothing
     config = load_config(config_path).with_overrides(

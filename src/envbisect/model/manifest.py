@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from envbisect.model.errors import ManifestError, yaml_kind, yaml_type
+from envbisect.model.paths import atomic_write_bytes, atomic_write_text
 
 SCHEMA_NAME = "envbisect/manifest"
 SCHEMA_VERSION = 2
@@ -190,6 +191,11 @@ def parse_yaml(text: str) -> Any:
         raise YamlRefused(f"malformed YAML{where}: {problem}") from None
     except RecursionError:
         raise YamlRefused(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            digits = sys.get_int_max_str_digits()
+            raise YamlRefused(f"holds an integer of more than {digits} digits") from None
+        raise YamlRefused(f"a value that cannot be read: {str(exc)[:120]}") from None
     _check_depth(data)
     return data
 
@@ -530,83 +536,6 @@ def load(path: str | Path) -> Manifest:
     except YamlRefused as exc:
         raise ManifestError(f"{p}: {exc}") from None
     return Manifest.from_dict(data, str(p), path=p)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the whole new one."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def file_kind(mode: int) -> str:
-    """What a non-regular file of ``mode`` is, in words (``a device``, ``a FIFO``...)."""
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
-
-
-def not_a_file(path: Path | str) -> str | None:
-    """What is at ``path`` when it is there and not a regular file (a symlink is not
-    followed); None for a regular file or a new name."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return None
-    return None if stat.S_ISREG(mode) else file_kind(mode)
-
-
-def refuse_not_a_file(flag: str, path: Path | str) -> None:
-    """UsageError when writing ``path`` would replace something that is not a file."""
-    from envbisect.model.errors import UsageError
-
-    kind = not_a_file(path)
-    if kind is not None:
-        raise UsageError(
-            f"{flag} {path}: is {kind}; envbisect writes only over a regular file or a new "
-            "name (use - for stdout)"
-        )
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see the old file or the whole new one; never
-    over a device, FIFO, socket, directory or symlink (UsageError)."""
-    refuse_not_a_file("output", path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def check_writable(flag: str, path: Path) -> None:
-    """UsageError unless ``path`` can be written as a file (before the work that fills it)."""
-    from envbisect.model.errors import UsageError
-
-    path = Path(path)
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory; give a file name")
-    refuse_not_a_file(flag, path)
-    parent = path.absolute().parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: the directory {parent} is not writable")
-    if len(os.fsencode(path.name)) > 255:
-        raise UsageError(f"{flag} {path}: the file name is longer than 255 bytes")
 
 
 def save(manifest: Manifest, path: Path) -> Path:

@@ -20,7 +20,8 @@ from typing import Any
 
 from envbisect.model.errors import ScopeError
 from envbisect.model.escape import printable
-from envbisect.model.manifest import Manifest, file_kind
+from envbisect.model.manifest import Manifest
+from envbisect.model.paths import file_kind
 
 
 @dataclass(frozen=True)

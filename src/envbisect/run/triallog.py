@@ -11,8 +11,8 @@ from typing import Any
 
 from envbisect.agent.redact import redact_env as redact_value
 from envbisect.agent.redact import redact_tree
-from envbisect.model import manifest as mf
 from envbisect.model.failure import Failure
+from envbisect.model.paths import atomic_write_text
 from envbisect.model.steps import trial_timing
 from envbisect.realize.actuate import Realized
 from envbisect.realize.faithful import StateCheck
@@ -94,4 +94,4 @@ def write_trial_log(
         doc = {"trial": index, "applied": applied, "positions": dict(positions), "calls": []}
     doc["calls"].append(call.as_dict())
     # Secret-shaped text anywhere (an argv --token, a failure line) is masked too.
-    mf.atomic_write_text(path, json.dumps(redact_tree(doc), indent=2, default=str) + "\n")
+    atomic_write_text(path, json.dumps(redact_tree(doc), indent=2, default=str) + "\n")

@@ -25,7 +25,8 @@ from envbisect.agent.redact import redact_text
 from envbisect.model.changes import human_bytes
 from envbisect.model.config import Config
 from envbisect.model.errors import CollectError, TransportError, UsageError
-from envbisect.model.manifest import Manifest, atomic_write_bytes, refuse_not_a_file, save
+from envbisect.model.manifest import Manifest, save
+from envbisect.model.paths import atomic_write_bytes, refuse_not_a_file
 from envbisect.model.trust import sign
 from envbisect.transport import Transport
 
