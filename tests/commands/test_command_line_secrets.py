@@ -42,3 +42,19 @@ def test_check_never_prints_a_token_of_the_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert TOKEN not in proc.stdout + proc.stderr
     assert "<redacted>" in proc.stderr
+
+
+def test_every_file_probe_writes_is_its_owners_alone(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    proc = _envbisect(
+        tmp_path, "probe", "--log-dir", str(logs), "--json", str(tmp_path / "f.json"), "--",
+        sys.executable, "-c", "print('step 1 loss 2.0')",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    import stat
+
+    files = [p for p in logs.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".facts.json") for p in files), files
+    loose = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
+    assert all(mode == "0o600" for mode in loose.values()), loose
+    assert stat.S_IMODE((tmp_path / "f.json").stat().st_mode) == 0o600

@@ -131,7 +131,8 @@ def deliver(result, *, framed):
     target = os.environ.get(RESULT_ENV)
     if target:
         tmp = target + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(result, fh, sort_keys=True, default=str)
             fh.write("\n")
         os.replace(tmp, target)

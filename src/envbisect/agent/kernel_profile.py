@@ -139,6 +139,7 @@ def _stop(when):
     if config["trace"]:
         try:
             prof.export_chrome_trace(config["trace"])
+            os.chmod(config["trace"], 0o600)  # what the program ran: its owner's alone
             result["trace"] = config["trace"]
         except Exception as exc:
             result["trace_error"] = f"{type(exc).__name__}: {exc}"[:300]

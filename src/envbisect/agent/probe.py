@@ -464,7 +464,8 @@ def _deliver():
             path = f"{path}.rank{rank}"
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(body)
             os.replace(tmp, path)
         except OSError:

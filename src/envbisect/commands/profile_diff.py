@@ -45,7 +45,6 @@ def command(good: Path, bad: Path, fmt: str, lines: int) -> int:
 
 def _table(path: Path) -> Any:
     from envbisect.model.kernels import ProfileTable
-
     from envbisect.model.paths import read_bounded
 
     raw = read_bounded(path, PROFILE_FACTS_CAP, "a probe's profile facts")

@@ -264,7 +264,9 @@ def write_facts(path: Path, data: dict[str, Any]) -> None:
     """Keep one run's facts beside its logs."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True, indent=1, default=str), encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(data, sort_keys=True, indent=1, default=str))
     os.replace(tmp, path)
 
 
