@@ -8,6 +8,7 @@ that ``envbisect --help`` and the snapshot path start fast.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -71,16 +72,50 @@ def printable(value: object) -> str:
     return escaped(value)
 
 
+def excerpt(value: object, limit: int) -> str:
+    from envbisect.model.escape import excerpt as cut
+
+    return cut(value, limit)
+
+
+# An error line is read, not scrolled: a value echoed into it (a 100 KB argument, a huge
+# reply from a target) is cut, saying how much was left out.
+ERROR_CHARS = 2000
+
+
 def error_text(exc: EnvBisectError) -> str:
     """The error on one escaped line; a command that failed (``CommandFailed``) keeps the
     lines of how it was run (argv, cwd, interpreter, exit, logs), each escaped on its own."""
     if isinstance(exc, CommandFailed):
-        return "\n".join(printable(line) for line in str(exc).split("\n"))
-    return printable(exc)
+        return "\n".join(excerpt(line, ERROR_CHARS) for line in str(exc).split("\n"))
+    return excerpt(exc, ERROR_CHARS)
+
+
+class EscapedStream:
+    """A text stream that writes everything through :func:`envbisect.model.escape.terminal`:
+    whatever a command prints (a target's host name, a program's error text, a file name)
+    reaches the terminal with its control characters escaped; layout newlines, tabs and
+    envbisect's own colours stay."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        from envbisect.model.escape import terminal
+
+        self._stream.write(terminal(text, keep_colors=True))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, map EnvBisectError to one line and its exit code."""
+    if not isinstance(sys.stdout, EscapedStream):
+        sys.stdout = EscapedStream(sys.stdout)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, EscapedStream):
+        sys.stderr = EscapedStream(sys.stderr)  # type: ignore[assignment]
     try:
         code = cli.main(args=argv, prog_name="envbisect", standalone_mode=False)
     except EnvBisectError as exc:

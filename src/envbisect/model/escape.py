@@ -40,6 +40,15 @@ def printable(value: object) -> str:
     return _UNSAFE.sub(_one, str(value))
 
 
+def excerpt(value: object, limit: int = 80) -> str:
+    """:func:`printable` of ``value``, cut to ``limit`` characters with how many were left
+    out: what a message echoes of a value a user (or a file) gave."""
+    text = printable(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def terminal(text: str, *, keep_colors: bool = False) -> str:
     """Finished output with control characters escaped; newlines and tabs kept, and with
     ``keep_colors`` the SGR colour codes (``ESC [ ... m``) too."""

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.model import scope, trust
+from envbisect.model.errors import ManifestError
+from envbisect.model.escape import printable
 from envbisect.model.manifest import Manifest
 from envbisect.model.sources import Sources
 
@@ -43,6 +45,19 @@ def indexes(config: Any) -> tuple[str, ...]:
     )
 
 
+def settable_env(good: Manifest, bad: Manifest, changes: Iterable[Any]) -> None:
+    """ManifestError naming the first env change no process environment can hold: an
+    empty name, or one with ``=`` or NUL (the OS splits the entry at the first ``=``)."""
+    for change in changes:
+        key = str(change.key)
+        if change.section == "env" and (not key or "=" in key or "\0" in key):
+            where = bad if key in bad.section("env") else good
+            raise ManifestError(
+                f"{where.path or where.label}: env {printable(key)!s}: a name with '=' or NUL "
+                "cannot be set in a process's environment; fix or remove that entry"
+            )
+
+
 def check_run(
     config: Any,
     good: Manifest,
@@ -55,6 +70,7 @@ def check_run(
     """ScopeError / TrustError before the first trial, else the notes to show (entries
     that ``--trust`` let through)."""
     changes = realized_changes(diff)
+    settable_env(good, bad, changes)
     sc = run_scope(config, (good, bad))
     scope.check(sc, good, bad, changes, local=local, config_path=getattr(config, "path", None))
     risks = trust.review(good, bad, changes, indexes(config))

@@ -421,7 +421,7 @@ class Review:
         out = []
         if self.risks:
             out.append("can run code or reach out (from a manifest not made by you here):")
-            out += [f"  ! {r.text()}" for r in self.risks]
+            out += list(dict.fromkeys(f"  ! {r.text()}" for r in self.risks))
         if self.sources:
             out.append("package sources:")
             out += [f"  {s}" for s in self.sources]

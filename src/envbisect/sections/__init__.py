@@ -35,6 +35,7 @@ from envbisect.model.changes import (
     error_of,
     scalar_change,
 )
+from envbisect.model.escape import printable
 from envbisect.model.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -105,10 +106,11 @@ class Section:
         """The unit of one change of this section."""
         section = self.unit_section or self.name
         word = self.word or self.name
+        key = printable(change.key)  # a name holding a newline or an escape is shown escaped
         return Unit(
-            f"{section}:{change.key}",
+            f"{section}:{key}",
             section,
-            f"{word} {change.key}",
+            f"{word} {key}",
             (change,),
             self.bisectable,
             self.reason_for(change),
@@ -177,7 +179,8 @@ class _Generic(Section):
     def unit(self, change: Change) -> Unit:
         s = self.section_name
         reason = f"envbisect has no way to re-create facts of section '{s}'"
-        return Unit(f"{s}:{change.key}", s, f"{s} {change.key}", (change,), False, reason)
+        key = printable(change.key)
+        return Unit(f"{s}:{key}", s, f"{s} {key}", (change,), False, reason)
 
 
 _REGISTRY: dict[str, Section] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from envbisect.model.errors import ReconstructError
+from envbisect.model.escape import excerpt
 
 
 def parse_as_of(text: str, now: datetime | None = None) -> datetime:
@@ -16,13 +17,15 @@ def parse_as_of(text: str, now: datetime | None = None) -> datetime:
         when = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ReconstructError(
-            f"--as-of {text!r}: not a date; write it like '2026-11-20 09:00' "
+            f"--as-of {excerpt(repr(text))}: not a date; write it like '2026-11-20 09:00' "
             "(local time) or '2026-11-20T09:00Z'"
         ) from None
     if when.tzinfo is None:
         when = when.astimezone()
     if when > now:
-        raise ReconstructError(f"--as-of {text!r}: {iso(when)} is in the future (now {iso(now)})")
+        raise ReconstructError(
+            f"--as-of {excerpt(repr(text))}: {iso(when)} is in the future (now {iso(now)})"
+        )
     return when
 
 
