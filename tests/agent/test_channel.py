@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from envbisect.agent import channel
 from envbisect.model.errors import TransportError
 from envbisect.transport import Transport
-from envbisect.transport.bundle import build_bundle, find_frame
+from envbisect.transport.bundle import build_bundle
+from envbisect.transport.reply import find_frame
 
 NONCE = "0123456789abcdef"
 

@@ -24,7 +24,7 @@ from envbisect.model import scope
 from envbisect.model.config import Config
 from envbisect.model.guard import check_run, realized_changes
 from envbisect.model.manifest import Manifest
-from tests.helpers_run import Scenario, manifest, store_blob
+from tests.helpers_run import Scenario, manifest, resign, store_blob
 
 
 def _run(sc: Scenario, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -72,6 +72,7 @@ def _scenario(tmp_path: Path, files: dict[str, tuple[bytes, bytes]], **extra: An
         bad[section] = b_value
     sc.good.write_text(yaml.safe_dump(good))
     sc.bad.write_text(yaml.safe_dump(bad))
+    resign(sc.good, sc.bad)
     return sc
 
 

@@ -27,7 +27,7 @@ from helpers_ssh import (  # the same module object as test_transport_ssh's: one
 
 from envbisect.cli import cli
 from envbisect.model.session import Session
-from tests.helpers_run import SLOWDOWN, Scenario, file_entry, pkg, run_workload, store_blob
+from tests.helpers_run import SLOWDOWN, Scenario, file_entry, pkg, resign, run_workload, store_blob
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +176,7 @@ def test_file_culprit_is_swapped_on_the_target_and_restored(
         data = yaml.safe_load(path.read_text())
         data["files"][str(knob)] = entry
         path.write_text(yaml.safe_dump(data))
+        resign(path)
     before = sc.fingerprint()
     res, doc = _run(
         sc,

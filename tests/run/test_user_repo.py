@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers_run import resign
 from tests.helpers_user_repo import METRIC, UserRepo, envbisect, make_user_repo
 
 pytestmark = pytest.mark.slow
@@ -226,6 +227,7 @@ def test_a_bad_manifest_edited_to_a_commit_the_repo_lacks_names_the_commit(
     bad["git"][str(world.repo)]["head"] = "deadbeef" * 5
     edited = tmp_path / "bad-edited.yaml"
     edited.write_text(yaml.safe_dump(bad))
+    resign(edited)
     res = envbisect(
         world.ws,
         "run",

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from envbisect.cli import cli
-from tests.helpers_run import Scenario, pkg
+from tests.helpers_run import Scenario, pkg, resign
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +64,7 @@ def test_a_cache_dir_that_moved_between_snapshots_is_one_cache_unit(tmp_path: Pa
     good = yaml.safe_load(sc.good.read_text())
     good["caches"]["inductor"]["path"] = str(old_cache)
     sc.good.write_text(yaml.safe_dump(good))
+    resign(sc.good)
     cfg = yaml.safe_load(sc.config.read_text())
     cfg["caches"] = {"inductor": str(sc.inductor), "old": str(old_cache)}
     sc.config.write_text(yaml.safe_dump(cfg))

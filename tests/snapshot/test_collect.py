@@ -33,6 +33,7 @@ from envbisect.model.manifest import Manifest, load
 from envbisect.model.trust import is_own
 from envbisect.snapshot import agent_params, store_blobs, take_snapshot, write_snapshot
 from envbisect.transport import Transport
+from envbisect.transport.reply import BlobSink
 
 PY = sys.executable
 
@@ -545,21 +546,28 @@ def test_through_a_layer_only_the_content_the_store_lacks_travels(
         keep_blobs=1000,
         keep_caches=1 << 20,
     )
-    sent: list[set[str]] = []
-    real = snapshot.store_blobs
-    monkeypatch.setattr(snapshot, "store_blobs", lambda b, d: sent.append(set(b)) or real(b, d))
+    sinks: list[BlobSink] = []
+
+    class Spy(BlobSink):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            sinks.append(self)
+
+    monkeypatch.setattr(snapshot, "BlobSink", Spy)
     layer = Transport.from_specs(["sh -c"])  # a real layer: the content travels as on ssh
 
     def take() -> dict:
         return take_snapshot(config, layer, PY, log_dir=tmp_path / "logs", timeout_s=60).sections
 
     first = take()
+    sent = [set(sinks[0].stored)]
     a_sha = hashlib.sha256(b"A = 1\n").hexdigest()
     kernel = hashlib.sha256(b"k" * 4000).hexdigest()
     tree = first["caches"]["mine"]["kept"]["tree"]
     assert sent == [{a_sha, kernel, tree}]
     (cache / "new.bin").write_bytes(b"new")  # the cache grew by one file
     second = take()
+    sent.append(set(sinks[1].stored))
     new_tree = second["caches"]["mine"]["kept"]["tree"]
     assert sent[1] == {hashlib.sha256(b"new").hexdigest(), new_tree}  # nothing sent twice
     assert second["files"][str(tmp_path / "a.py")]["blob"] == a_sha

@@ -25,6 +25,7 @@ import os
 import re
 import sys
 
+from envbisect.agent.channel import blob_store
 from envbisect.agent.collect_common import (
     Collector,
     Timeout,
@@ -272,7 +273,7 @@ def loose_paths(c, paths, data_map):
 def main(params):
     c = Collector(params)
     when = float(params["as_of"])
-    blobs = {}
+    blobs = blob_store(())  # streamed back as found (agent.channel.BlobStream)
     repos = {}
     files = list(params.get("files") or [])
     for repo in params.get("repos") or []:
@@ -295,6 +296,6 @@ def main(params):
         "loose": loose_paths(
             c, files + list(params.get("data") or []), params.get("data_map") or {}
         ),
-        "blobs": blobs,
+        "blobs": blobs if isinstance(blobs, dict) else {},
         "errors": c.errors,
     }

@@ -137,6 +137,9 @@ def put_into_map(blobs, have=()):
     def put(sha, source, mode=0o600):
         if sha in blobs or sha in have:
             return
+        if not isinstance(source, bytes) and hasattr(blobs, "send_file"):
+            blobs.send_file(sha, source)  # streamed: never read whole
+            return
         if not isinstance(source, bytes):
             with open(source, "rb") as fh:
                 source = fh.read()

@@ -122,6 +122,62 @@ def emit(obj):
         _state["done"] = True
 
 
+# Raw bytes per base64 line of a blob frame: a line is 64 KiB of text, written in one go.
+BLOB_CHUNK = 48 * 1024
+
+
+class BlobStream:
+    """Kept content sent back as it is found, one blob frame each (``<<ENVBISECT nonce BLOB
+    sha256>>``, base64 lines, ``END``), so that neither side holds a large cache in memory:
+    the caller writes each line to disk as it arrives. Used like the ``sha256 -> base64``
+    dict it replaces; ``send_file`` streams a file without reading it whole."""
+
+    def __init__(self, have=()):
+        self._sent = set(have)
+
+    def __contains__(self, sha):
+        return sha in self._sent
+
+    def __setitem__(self, sha, encoded):
+        self.send_bytes(sha, base64.b64decode(encoded))
+
+    def send_bytes(self, sha, data):
+        if sha in self._sent:
+            return
+        self._sent.add(sha)
+        self._frame(sha, (data[i : i + BLOB_CHUNK] for i in range(0, len(data), BLOB_CHUNK)))
+
+    def send_file(self, sha, path):
+        if sha in self._sent:
+            return
+        self._sent.add(sha)
+        with open(path, "rb") as fh:
+            self._frame(sha, iter(lambda: fh.read(BLOB_CHUNK), b""))
+
+    def _frame(self, sha, chunks):
+        nonce = _state["nonce"].encode("ascii")
+        with _state["lock"]:
+            _write(b"\n<<ENVBISECT " + nonce + b" BLOB " + sha.encode("ascii") + b">>\n")
+        for chunk in chunks:
+            line = base64.b64encode(chunk) + b"\n"
+            with _state["lock"]:  # whole lines: a heartbeat lands between them, never inside
+                _write(line)
+        with _state["lock"]:
+            _write(b"<<ENVBISECT " + nonce + b" END>>\n")
+
+    def items(self):
+        return ()
+
+    def __len__(self):
+        return 0
+
+
+def blob_store(have=()):
+    """Where an agent puts the content it keeps: a :class:`BlobStream` inside a channel, a
+    plain ``sha256 -> base64`` dict when called in-process (no channel is open)."""
+    return BlobStream(have) if _state["fd"] is not None else {}
+
+
 def write_stdout_line(line):
     """Write one line on the real stdout, outside any frame (e.g. ``ENVBISECT_RESULT {...}``)."""
     with _state["lock"]:

@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from envbisect.agent.cache_keep import keep, put_into_dir, put_into_map
+from envbisect.agent.channel import blob_store
 from envbisect.agent.collect_common import Collector, read_text, sorted_dict, walk
 from envbisect.agent.collect_sections import (
     collect_data,
@@ -327,7 +328,8 @@ def collect_probes(c):
 def main(params):
     start = time.monotonic()
     c = Collector(params)
-    blobs = {}
+    # Kept content is streamed back as it is found (agent.channel.BlobStream).
+    blobs = blob_store(params.get("have_blobs") or ())
     # "only": the sections a state check needs (run verifies every realized state this
     # way, so it must not wait on nvidia-smi or a compiler); default: all of them.
     only = set(params.get("only") or ()) or None
@@ -337,7 +339,7 @@ def main(params):
     return {
         "sections": sections,
         "errors": sorted(c.errors, key=lambda e: (e["section"], e["error"])),
-        "blobs": blobs,
+        "blobs": blobs if isinstance(blobs, dict) else {},
         "host": os.uname().nodename,
         "elapsed_s": round(time.monotonic() - start, 4),
     }

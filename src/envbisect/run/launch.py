@@ -40,8 +40,9 @@ from envbisect.model.steps import breakdown, from_steps, with_steps
 from envbisect.model.units import STEPS, show_as
 from envbisect.run import cmdcheck, probed
 from envbisect.transport import Layer, LayerKind, Transport
-from envbisect.transport.bundle import build_bundle, find_frame
+from envbisect.transport.bundle import build_bundle
 from envbisect.transport.hang import HangSpec
+from envbisect.transport.reply import find_frame
 
 DRAFTER = "envbisect.agent.drafter"
 # A long run ends once 20 kept steps spanning 1 s (after a third as warm-up, none compiling)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envbisect.model.kernels import ProfileRequest
-from envbisect.transport.bundle import find_frame
+from envbisect.transport.reply import find_frame
 
 CONFIG_ENV = "ENVBISECT_PROBE"
 FACTS_SUFFIX = ".facts.json"

@@ -25,10 +25,12 @@ from envbisect.agent.redact import redact_text
 from envbisect.model.changes import human_bytes
 from envbisect.model.config import Config
 from envbisect.model.errors import CollectError, TransportError, UsageError
+from envbisect.model.escape import printable
 from envbisect.model.manifest import Manifest, save
 from envbisect.model.paths import atomic_write_bytes, refuse_not_a_file
 from envbisect.model.trust import sign
 from envbisect.transport import Transport
+from envbisect.transport.reply import BlobSink
 
 AGENT = "envbisect.agent.collector"
 DEFAULT_LABEL = "snapshot"
@@ -77,9 +79,16 @@ def take_snapshot(
     all_params.update(params or {})
     own_logs = log_dir is None
     logs = Path(tempfile.mkdtemp(prefix="envbisect-snapshot-")) if log_dir is None else log_dir
+    sink = BlobSink(config.blobs_dir, blob_cap(config))
     try:
         result = transport.run_agent(
-            python, AGENT, all_params, timeout_s=timeout_s, log_dir=logs, name="snapshot"
+            python,
+            AGENT,
+            all_params,
+            timeout_s=timeout_s,
+            log_dir=logs,
+            name="snapshot",
+            blobs=sink,
         )
     except TransportError as exc:
         own_logs = False  # keep the full log the message points at
@@ -92,10 +101,12 @@ def take_snapshot(
     sections = result.get("sections")
     if not isinstance(sections, dict):
         raise CollectError(f"collector in {python} returned no sections")
+    check_reply(result, f"{python} via {transport.describe()}")
     errors: list[dict[str, str]] = list(result.get("errors") or [])
     sections = _escape_raw_bytes(sections, errors)
+    errors.extend(sink.errors)
     blobs = result.get("blobs") or {}
-    if blobs:
+    if blobs:  # an agent called without a channel (none streams then)
         errors.extend(store_blobs(blobs, config.blobs_dir))
     meta: dict[str, Any] = {
         "agent_elapsed_s": result.get("elapsed_s"),
@@ -125,8 +136,12 @@ def take_snapshot(
             }
         ),
     }
-    if blobs or any(
-        isinstance(c, dict) and c.get("kept") for c in (sections.get("caches") or {}).values()
+    if (
+        blobs
+        or sink.stored
+        or any(
+            isinstance(c, dict) and c.get("kept") for c in (sections.get("caches") or {}).values()
+        )
     ):
         # Where the contents went, so a manifest written anywhere (-o PATH) finds them.
         meta["blobs_dir"] = str(config.blobs_dir.absolute())
@@ -156,6 +171,45 @@ def held_blobs(blobs_dir: Path) -> list[str]:
     except OSError:
         return []
     return sorted(n for n in names if len(n) == 64 and all(c in "0123456789abcdef" for c in n))
+
+
+_REPLY_SHAPES = (
+    ("sections", dict, "a mapping of section names to facts"),
+    ("errors", list, "a list of {section, error} records"),
+    ("blobs", dict, "a mapping of sha256 to base64 content"),
+    ("host", str, "a host name"),
+    ("elapsed_s", (int, float), "a number of seconds"),
+)
+
+
+def check_reply(result: dict[str, Any], who: str) -> None:
+    """CollectError naming the first field of a collector's reply that has the wrong shape
+    (a hostile or broken target: nothing of it is written)."""
+    for key, kind, what in _REPLY_SHAPES:
+        value = result.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise CollectError(
+                f"the snapshot reply of {who}: {key} is {type(value).__name__}, not {what}"
+            )
+    bad_section = next((k for k, v in result["sections"].items() if not isinstance(v, dict)), None)
+    if bad_section is not None:
+        raise CollectError(
+            f"the snapshot reply of {who}: section {printable(bad_section)} is not a mapping"
+        )
+    for record in result.get("errors") or ():
+        if not isinstance(record, dict) or not all(isinstance(v, str) for v in record.values()):
+            raise CollectError(
+                f"the snapshot reply of {who}: errors holds {printable(record)[:80]}"
+            )
+    if not all(isinstance(v, str) for v in (result.get("blobs") or {}).values()):
+        raise CollectError(f"the snapshot reply of {who}: a blob is not base64 text")
+
+
+def blob_cap(config: Config) -> int:
+    """The most kept content a snapshot's reply may bring back: every cache at its cap, and
+    files at theirs (1 GiB for them in all), so a hostile target cannot fill the disk."""
+    caches = len(config.caches) + 2  # and the default TorchInductor and Triton caches
+    return (config.keep_caches or 0) * caches + (1 << 30 if config.keep_blobs else 0) + (1 << 20)
 
 
 def store_blobs(blobs: dict[str, str], blobs_dir: Path) -> list[dict[str, str]]:

@@ -149,8 +149,10 @@ def reconstruct(
     resolver: Resolver | None = None,
 ) -> Reconstruction:
     """The state of ``python``'s machine at ``when``, from ``today``'s snapshot of it."""
-    from envbisect.snapshot import store_blobs
+    from envbisect.snapshot import blob_cap, store_blobs
+    from envbisect.transport.reply import BlobSink
 
+    sink = BlobSink(config.blobs_dir, blob_cap(config))
     try:
         held = transport.run_agent(
             python,
@@ -159,12 +161,13 @@ def reconstruct(
             timeout_s=timeout_s,
             log_dir=log_dir,
             name="asof",
+            blobs=sink,
         )
     except TransportError as exc:
         raise ReconstructError(f"reading the history of {python}: {exc}") from None
     if "__agent_error__" in held:
         raise ReconstructError(f"reading the history of {python}: {held['__agent_error__']}")
-    errors = list(held.get("errors") or [])
+    errors = list(held.get("errors") or []) + sink.errors
     errors.extend(store_blobs(held.get("blobs") or {}, config.blobs_dir))
     return rebuild(config, today, when, held, resolver or uv_resolver(config), errors)
 

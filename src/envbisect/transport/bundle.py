@@ -11,8 +11,6 @@ layer can mangle them.
 from __future__ import annotations
 
 import ast
-import base64
-import binascii
 import importlib.util
 import json
 import re
@@ -127,25 +125,3 @@ def build_bundle(
         ]
     )
     return Bundle(source=text.encode("utf-8"), nonce=nonce)
-
-
-def find_frame(stdout: bytes, nonce: str) -> dict[str, Any] | None:
-    """The payload of the last complete frame with ``nonce`` in ``stdout``, or None.
-
-    Frames with another nonce (a nested agent, a hostile printer) are ignored.
-    """
-    pattern = re.compile(
-        rb"<<ENVBISECT "
-        + re.escape(nonce.encode("ascii"))
-        + rb" BEGIN>>\r?\n([A-Za-z0-9+/=\r\n]*?)\r?\n<<ENVBISECT "
-        + re.escape(nonce.encode("ascii"))
-        + rb" END>>"
-    )
-    matches = pattern.findall(stdout)
-    if not matches:
-        return None
-    try:
-        payload = json.loads(base64.b64decode(re.sub(rb"\s", b"", matches[-1])))
-    except (binascii.Error, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None

@@ -18,9 +18,10 @@ from typing import IO, Any
 
 from envbisect.model.errors import TransportError
 from envbisect.transport import reaper
-from envbisect.transport.bundle import Bundle, build_bundle, find_frame
+from envbisect.transport.bundle import Bundle, build_bundle
 from envbisect.transport.hang import PEAK_TICK_S, TICK_S, HangSpec, HangWatch, PeakWatch
 from envbisect.transport.layers import Layer, LayerKind, parse_layer, shell_join
+from envbisect.transport.reply import BlobSink, read_reply
 
 # Linux refuses a single exec argument longer than this (MAX_ARG_STRLEN, 32 pages, incl. NUL).
 MAX_ARG_BYTES = 131072 - 1
@@ -182,8 +183,10 @@ class Transport:
         log_dir: Path,
         env: dict[str, str] | None = None,
         name: str = "agent",
+        blobs: BlobSink | None = None,
     ) -> dict[str, Any]:
-        """Ship ``module`` to ``python -`` through the chain and return its framed result."""
+        """Ship ``module`` to ``python -`` through the chain and return its framed result;
+        the content it sends back in blob frames is written into ``blobs`` as it is read."""
         bundle: Bundle = build_bundle(module, params, deadline_s=timeout_s)
         result = self.run(
             [python, "-"],
@@ -193,7 +196,9 @@ class Transport:
             env=env,
             name=name,
         )
-        payload = find_frame(result.stdout(), bundle.nonce)
+        payload = read_reply(
+            result.stdout_path, bundle.nonce, blobs, f"{python} via {self.describe()}"
+        )
         if payload is None:
             why = "timed out" if result.timed_out else f"exit code {result.returncode}"
             if result.returncode == 255 and self.layers and self.layers[0].tool == "ssh":
