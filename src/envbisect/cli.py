@@ -112,10 +112,18 @@ class EscapedStream:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the group, map EnvBisectError to one line and its exit code."""
-    if not isinstance(sys.stdout, EscapedStream):
-        sys.stdout = EscapedStream(sys.stdout)  # type: ignore[assignment]
-    if not isinstance(sys.stderr, EscapedStream):
-        sys.stderr = EscapedStream(sys.stderr)  # type: ignore[assignment]
+    streams = sys.stdout, sys.stderr
+    try:
+        if not isinstance(sys.stdout, EscapedStream):
+            sys.stdout = EscapedStream(sys.stdout)  # type: ignore[assignment]
+        if not isinstance(sys.stderr, EscapedStream):
+            sys.stderr = EscapedStream(sys.stderr)  # type: ignore[assignment]
+        _main(argv)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         code = cli.main(args=argv, prog_name="envbisect", standalone_mode=False)
     except EnvBisectError as exc:
