@@ -215,7 +215,8 @@ def test_snapshot_through_a_layer_from_a_hostile_target(reply: dict[str, Any]) -
     [
         ("huge-int.yaml", "schema: envbisect/manifest@1\nenv: {A: " + "9" * 5000 + "}\n",
          "holds an integer of more than"),
-        ("deep.yaml", "schema: envbisect/manifest@1\nenv: " + "[" * 100_000 + "\n", "nesting depth"),
+        ("deep.yaml", "schema: envbisect/manifest@1\nenv: " + "[" * 100_000 + "\n",
+         "nesting depth"),
     ],
 )  # fmt: skip
 def test_the_reviews_edge_cases_are_one_line(
