@@ -82,8 +82,10 @@ def main() -> int:
             b = peak_of_snapshot(big, root / "big.yaml")
             s = peak_of_snapshot(small, root / "small.yaml")
             ratios.append((b - s) / blob)
-            print(f"pair {i + 1}: peak {b / 2**20:.0f} MiB with a {args.mb} MB blob, "
-                  f"{s / 2**20:.0f} MiB with 1 byte; (big - small) / blob = {ratios[-1]:.3f}")  # fmt: skip
+            print(
+                f"pair {i + 1}: peak {b / 2**20:.0f} MiB with a {args.mb} MB blob, "
+                f"{s / 2**20:.0f} MiB with 1 byte; (big - small) / blob = {ratios[-1]:.3f}"
+            )
         median = statistics.median(ratios)
         print(f"median (peak - constant) / largest blob: {median:.3f} (goal ≤ 1.2)")
         return 0 if median <= 1.2 else 1
