@@ -97,6 +97,8 @@ def test_code_loading_env_vars_of_a_foreign_manifest_are_refused_then_trust_runs
         "BASH_ENV": str(evil / "rc"),
         "OMP_NUM_THREADS": "1",
         "EB_OWN_KNOB": "1",
+        "CXX": f"sh -c 'touch {canary}'",  # run by inductor on every CPU compile
+        "HOME": str(evil),  # moves Python's user site: a planted .pth there runs
     }
     sc = _scenario(tmp_path, bad={"env": env})
     last = _refused(
@@ -108,6 +110,8 @@ def test_code_loading_env_vars_of_a_foreign_manifest_are_refused_then_trust_runs
         "env PYTHONWARNINGS",
         "env BASH_ENV",
         "env EB_OWN_KNOB: not on the list of env vars known to load no code",
+        "env CXX: not on the list",
+        "env HOME: not on the list",
         f"--trust {sc.bad}",
     )
     assert "OMP_NUM_THREADS" not in last

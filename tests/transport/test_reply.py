@@ -130,3 +130,16 @@ def test_blob_frames_are_written_through_and_checked(tmp_path: Path) -> None:
     assert (tmp_path / "blobs" / sha).stat().st_mode & 0o077 == 0
     assert [e["error"] for e in sink.errors] == [f"blob {'c' * 64} from t: cut off; not stored"]
     assert find_frame(stdout, nonce) == {"ok": 1}
+
+
+def test_a_targets_host_and_errors_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    osc52 = "\x1b]52;c;aGk=\x07"
+    reply = {
+        "sections": {},
+        "host": f"box{osc52}\x1b[2J",
+        "errors": [{"section": "env", "error": f"no access\x1b[2J{osc52}"}],
+    }
+    proc = _snapshot(tmp_path, _hostile(tmp_path, reply))
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
+    assert "box\\x1b]52;c;aGk=\\x07" in proc.stderr
