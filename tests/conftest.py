@@ -41,6 +41,19 @@ def _isolate_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _own_manifest_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The per-user manifest key for the whole session, set before any module or session
+    fixture snapshots: a manifest a fixture made is this user's own in every test."""
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.getbasetemp() / "xdg-config")
+    yield
+    if old is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = old
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _no_log_dirs_left() -> Iterator[None]:
     """envbisect keeps the log dir of a failed check, smoke or snapshot in the system temp
     dir, as users need (the message points at it); the tests' failures are on purpose, so
