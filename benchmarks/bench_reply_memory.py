@@ -17,6 +17,7 @@ Prints each pair's peaks, and the median of (big - small) / largest blob; the go
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import statistics
@@ -59,11 +60,26 @@ def peak_of_snapshot(config: Path, out: Path) -> int:
     """Peak RSS (bytes) of one ``snapshot --via 'sh -c'`` of ``config``, blobs emptied first."""
     shutil.rmtree(config.parent / "manifests", ignore_errors=True)
     rss = out.with_suffix(".rss")
+    # The machine's own compile caches stay out of it: only the world's cache is kept.
+    quiet = config.parent / "no-default-caches"
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(quiet / "inductor"),
+        "TRITON_CACHE_DIR": str(quiet / "triton"),
+    }
     subprocess.run(
         [sys.executable, "-c", WRAPPER, str(rss), "snapshot", "--config", str(config),
          "--python", sys.executable, "--via", "sh -c", "-o", str(out), "--timeout", "600"],
-        check=True, capture_output=True, timeout=900,
+        check=True, capture_output=True, timeout=900, env=env,
     )  # fmt: skip
+    kernel = config.parent / "cache" / "kernel.bin"
+    digest = hashlib.sha256()
+    with open(kernel, "rb") as fh:
+        for block in iter(lambda: fh.read(8 << 20), b""):
+            digest.update(block)
+    blob = config.parent / "manifests" / "blobs" / digest.hexdigest()
+    if not blob.is_file() or blob.stat().st_size != kernel.stat().st_size:
+        raise SystemExit(f"the cache's content did not come back through the layer: {blob}")
     return int(rss.read_text())
 
 
