@@ -156,7 +156,15 @@ if TYPE_CHECKING:
     "cores (default: workers: in envbisect.yaml, else one).",
 )
 @click.option("--json", "json_path", metavar="PATH", help="Write the result as JSON ('-': stdout).")
-@click.option("--report", "report_path", metavar="PATH", help="Write a markdown report.")
+@click.option(
+    "--report",
+    "report_path",
+    metavar="PATH",
+    help="Write the report: PATH.html is one self-contained page with pictures of the "
+    "samples, the search and the kernels (needs matplotlib: pip install 'envbisect[report]'); "
+    "any other name is markdown, its pictures written beside it as PATH-*.svg when "
+    "matplotlib is there. The session keeps its own report.md and report.html.",
+)
 @click.option(
     "--trust",
     "trust",
@@ -200,6 +208,10 @@ def command(**flags: Any) -> int:
     for flag, path in (("--json", args.json_path), ("--report", args.report_path)):
         if path and path != "-":
             check_writable(flag, Path(path))
+    if args.report_path and Path(args.report_path).suffix.lower() in (".html", ".htm"):
+        from envbisect.render.pictures import require_matplotlib
+
+        require_matplotlib()  # before the first trial: a page needs its pictures
     rec = None
     if when is not None:
         config = options.config or load_config(args.config_path)
@@ -481,7 +493,42 @@ def _write_outputs(result: RunResult, json_path: str | None, report_path: str | 
     elif json_path:
         atomic_write_text(Path(json_path), report.render_json(result))
     if report_path:
-        atomic_write_text(Path(report_path), terminal(report.render_markdown(result)))
+        atomic_write_text(Path(report_path), terminal(_report_text(result, Path(report_path))))
+    _session_reports(result)
+
+
+def _report_text(result: RunResult, path: Path) -> str:
+    """``--report``: a page with pictures for ``.html``; else markdown, with its pictures
+    beside it when matplotlib is there."""
+    from envbisect.render import html, report
+
+    if path.suffix.lower() in (".html", ".htm"):
+        return html.run_html(result)
+    if not _can_draw():
+        return report.render_markdown(result)
+    return html.markdown_with_pictures(result, path)
+
+
+def _can_draw() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def _session_reports(result: RunResult) -> None:
+    """The session's own ``report.md`` and, when matplotlib is there, ``report.html``."""
+    from envbisect.model.escape import terminal
+    from envbisect.model.paths import atomic_write_text
+    from envbisect.render import html, report
+
+    if not result.session.is_dir():
+        return
+    md = result.session / "report.md"
+    if _can_draw():
+        atomic_write_text(md, terminal(html.markdown_with_pictures(result, md)))
+        atomic_write_text(result.session / "report.html", html.run_html(result))
+    else:
+        atomic_write_text(md, terminal(report.render_markdown(result)))
 
 
 def _cpu_threads(value: str) -> str:

@@ -67,6 +67,7 @@ class TrialRow:
     runs: int = 0  # processes run; a crash ends one
     crashes: int = 0
     contended: int = 0  # samples taken while other processes loaded the machine
+    loaded: tuple[bool, ...] = ()  # per sample: taken while other processes loaded it
     set_aside: tuple[float, ...] = ()  # samples under load, set aside when measured again
     # Where its time went (realize, start-up, compile, steps), the samples used, the shared
     # compile cache: envbisect.model.steps.trial_timing of its trial.json.
@@ -94,6 +95,7 @@ class TrialRow:
             runs=trial.runs,
             crashes=trial.crashes,
             contended=sum(trial.contended),
+            loaded=tuple(bool(x) for x in trial.contended),
             set_aside=tuple(trial.set_aside),
         )
 
@@ -113,6 +115,7 @@ class TrialRow:
             runs=rec.runs,
             crashes=rec.crashes,
             contended=sum(rec.contended),
+            loaded=tuple(bool(x) for x in rec.contended),
         )
 
     def as_dict(self) -> dict[str, Any]:
