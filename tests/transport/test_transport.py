@@ -490,7 +490,8 @@ def test_resolve_target_errors_name_the_file_and_the_target(tmp_path: Path) -> N
 def test_print_command_output_pasted_into_a_shell_runs_the_agent(
     shell: str, tmp_path: Path
 ) -> None:
-    from envbisect.transport.bundle import build_bundle, find_frame
+    from envbisect.transport.bundle import build_bundle
+    from envbisect.transport.reply import find_frame
 
     transport = Transport.from_specs(["sh -c", f"{fake('pct')} exec 200", "env A='x y'"])
     line = composed_command(transport, sys.executable)

@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 
 from envbisect.model.errors import TransportError
 from envbisect.transport import MAX_ARG_BYTES, Transport
-from envbisect.transport.bundle import build_bundle, find_frame
+from envbisect.transport.bundle import build_bundle
+from envbisect.transport.reply import find_frame
 
 pytestmark = pytest.mark.ssh
 
