@@ -3,28 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers_user_repo import envbisect
 
 TOKEN = "hf_" + "a1B2c3D4e5" * 4
 SCRIPT = "import sys; print('ENVBISECT_RESULT {\"tok_per_s\": 5000}')"
 
 
-def _envbisect(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "envbisect", *argv],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-        check=False,
-    )
-
-
 def test_probe_json_redacts_a_token_in_the_command(tmp_path: Path) -> None:
     out = tmp_path / "facts.json"
-    proc = _envbisect(
+    proc = envbisect(
         tmp_path, "probe", "--json", str(out), "--",
         sys.executable, "-c", "pass", "--hf-token", TOKEN, f"--key={TOKEN}",
     )  # fmt: skip
@@ -35,7 +25,7 @@ def test_probe_json_redacts_a_token_in_the_command(tmp_path: Path) -> None:
 
 
 def test_check_never_prints_a_token_of_the_command(tmp_path: Path) -> None:
-    proc = _envbisect(
+    proc = envbisect(
         tmp_path, "check", "--python", sys.executable, "--until-ktoks", "1k", "--repeats", "1",
         "--", sys.executable, "-c", SCRIPT, "--hf-token", TOKEN,
     )  # fmt: skip
@@ -46,7 +36,7 @@ def test_check_never_prints_a_token_of_the_command(tmp_path: Path) -> None:
 
 def test_every_file_probe_writes_is_its_owners_alone(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
-    proc = _envbisect(
+    proc = envbisect(
         tmp_path, "probe", "--log-dir", str(logs), "--json", str(tmp_path / "f.json"), "--",
         sys.executable, "-c", "print('step 1 loss 2.0')",
     )  # fmt: skip

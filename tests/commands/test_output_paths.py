@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 
 from envbisect.model.paths import atomic_write_text
 from tests.helpers_run import manifest
+from tests.helpers_user_repo import envbisect
 
 
 def _nodes(tmp_path: Path) -> dict[str, tuple[Path, Callable[[int], bool]]]:
@@ -31,47 +31,15 @@ def _nodes(tmp_path: Path) -> dict[str, tuple[Path, Callable[[int], bool]]]:
     return out
 
 
-def _envbisect(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "envbisect", *argv],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        check=False,
-    )
+RUN = ["run", "--bad", "bad.yaml", "--good", "good.yaml", "--until-ktoks", "1k"]
 
 
 @pytest.mark.parametrize(
     "argv",
     [
         ["snapshot", "-o", "{node}"],
-        [
-            "run",
-            "--bad",
-            "bad.yaml",
-            "--good",
-            "good.yaml",
-            "--until-ktoks",
-            "1k",
-            "--json",
-            "{node}",
-            "--",
-            "true",
-        ],
-        [
-            "run",
-            "--bad",
-            "bad.yaml",
-            "--good",
-            "good.yaml",
-            "--until-ktoks",
-            "1k",
-            "--report",
-            "{node}",
-            "--",
-            "true",
-        ],
+        [*RUN, "--json", "{node}", "--", "true"],
+        [*RUN, "--report", "{node}", "--", "true"],
         ["probe", "--json", "{node}", "--", sys.executable, "-c", "pass"],
     ],
     ids=["snapshot-o", "run-json", "run-report", "probe-json"],
@@ -82,7 +50,7 @@ def test_an_output_over_a_node_is_refused_and_the_node_left(
     manifest(tmp_path / "good.yaml", env={"OMP_NUM_THREADS": "2"})
     manifest(tmp_path / "bad.yaml", env={"OMP_NUM_THREADS": "1"})
     for kind, (node, is_kind) in _nodes(tmp_path).items():
-        proc = _envbisect(*[a.replace("{node}", str(node)) for a in argv], cwd=tmp_path)
+        proc = envbisect(tmp_path, *[a.replace("{node}", str(node)) for a in argv])
         assert proc.returncode == 2, (kind, proc.stderr)
         lines = proc.stderr.strip().splitlines()
         assert lines[-1] == (

@@ -5,11 +5,11 @@ hold is refused before the first trial."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 from tests.helpers_run import manifest
+from tests.helpers_user_repo import envbisect
 
 NAME = "EB_X\n\x1b]0;pwned\x07\x1b[2J"
 SHOWN = "EB_X\\n\\x1b]0;pwned\\x07\\x1b[2J"
@@ -20,29 +20,18 @@ WORK = (
 )
 
 
-def _envbisect(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "envbisect", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        check=False,
-    )
-
-
 def test_a_hostile_name_is_escaped_on_every_surface(tmp_path: Path) -> None:
     (tmp_path / "w.py").write_text(WORK)
     manifest(tmp_path / "good.yaml", env={})
     manifest(tmp_path / "bad.yaml", env={NAME: "1", "EB_Y": "1"})
-    run = _envbisect(
+    run = envbisect(
         tmp_path, "run", "--good", "good.yaml", "--bad", "bad.yaml", "--until-ktoks", "1k",
         "--session", "s", "--report", "r.md", "--json", "r.json", "--repeats", "1",
         "--", sys.executable, "w.py",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    log = _envbisect(tmp_path, "log", "--session", "s")
-    diff = _envbisect(tmp_path, "diff", "good.yaml", "bad.yaml")
+    log = envbisect(tmp_path, "log", "--session", "s")
+    diff = envbisect(tmp_path, "diff", "good.yaml", "bad.yaml")
     surfaces = {
         "progress": run.stderr,
         "stdout": run.stdout,
@@ -66,7 +55,7 @@ def test_an_env_name_no_process_can_hold_is_refused_before_the_first_trial(
     (tmp_path / "w.py").write_text(WORK)
     manifest(tmp_path / "good.yaml", env={})
     manifest(tmp_path / "bad.yaml", env={"EB_A=B\x1b[2J": "1", "EB_Y": "1"})
-    run = _envbisect(
+    run = envbisect(
         tmp_path, "run", "--good", "good.yaml", "--bad", "bad.yaml", "--until-ktoks", "1k",
         "--session", "s", "--", sys.executable, "w.py",
     )  # fmt: skip
