@@ -543,3 +543,26 @@ def test_a_journal_line_envbisect_never_wrote_is_named_by_reset(
     [said] = proc.stderr.strip().splitlines()
     assert said.startswith("envbisect: error: ") and "journal.jsonl" in said
     assert "it was not written by envbisect" in said
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("[" * 100_000 + "\n", "nested too deep"), (None, "not a regular file")],
+    ids=["deep-line", "fifo"],
+)
+def test_a_journal_that_is_deep_or_not_a_file_is_named_by_reset(
+    tmp_path: Path, text: str | None, said: str
+) -> None:
+    session = tmp_path / "session"
+    session.mkdir()
+    if text is None:
+        os.mkfifo(session / "journal.jsonl")
+    else:
+        (session / "journal.jsonl").write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", "reset", "--session", str(session)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert said in line and "Traceback" not in proc.stderr, line

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 
 
 class JournalError(Exception):
@@ -28,16 +29,27 @@ def append_line(path, obj):
         os.close(fd)
 
 
+# A journal or log line is one small JSON object; a file far larger was not written here.
+MAX_JOURNAL_BYTES = 256 << 20
+
+
 def read_lines(path):
     """Every JSON-object line of ``path``; a torn line (kill mid-write) is skipped.
 
     A line that is not UTF-8 was not written by envbisect: JournalError naming the line
     (skipping it could forget a swap that still has to be put back)."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):
         return []
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JournalError(f"{path}: not a regular file; it was not written by envbisect")
+        raw = fh.read(MAX_JOURNAL_BYTES + 1)
+    if len(raw) > MAX_JOURNAL_BYTES:
+        raise JournalError(
+            f"{path}: over {MAX_JOURNAL_BYTES >> 20} MiB; it was not written by envbisect"
+        )
     out = []
     for number, blob in enumerate(raw.splitlines(), 1):
         try:
@@ -53,6 +65,11 @@ def read_lines(path):
             obj = json.loads(line)
         except ValueError:
             continue
+        except RecursionError:
+            raise JournalError(
+                f"{path}: line {number} is nested too deep; it was not written by envbisect: "
+                "fix or remove that line"
+            ) from None
         if isinstance(obj, dict):
             out.append(obj)
     return out
