@@ -398,3 +398,40 @@ def test_kill_9_with_a_file_swapped_on_the_target_then_reset_or_resume(
         doc = json.loads((tmp_path / "result.json").read_text())
         assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
     assert sc.fingerprint() == before
+
+
+def test_the_targets_own_load_is_read_there_warned_and_sizes_the_threads(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    """Issue 47: a remote run looks at the target's /proc (through every layer), not this
+    machine's: with one of its cores kept busy it warns at the start, naming the process,
+    and --cpu-threads auto gives every trial the free cores, as a local run does."""
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    git = sc.git_entry(sc.commits[0])
+    sc.write(
+        good={"env": {}, "git": git},
+        bad={"env": {"EB_SLOW": str(SLOWDOWN), "EB_OTHER": "1"}, "git": git},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    threshold = _threshold(sc)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        res, doc = _run(
+            sc, sshd_server, "--until-ktoks", threshold, smoke=("python", str(sc.repo / "train.py"))
+        )
+    finally:
+        busy.kill()
+        busy.wait()
+    assert res.return_value == 0, res.output
+    assert [c["unit"] for c in doc["culprits"]] == ["env:EB_SLOW"]
+    cores = os.cpu_count() or 1
+    if cores > 2:
+        pytest.skip(f"one busy core of {cores} is under the warning's bar")
+    assert f"warning: 1 of {cores} cores is" in res.output, res.output
+    assert f"pid {busy.pid} " in res.output
+    assert "every trial runs with OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1" in res.output
+    assert any(n.startswith("at the start: 1 of") for n in doc["notes"]), doc["notes"]

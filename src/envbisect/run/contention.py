@@ -18,23 +18,23 @@ Public API:
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from envbisect.agent.procfs import read_stat
+if TYPE_CHECKING:
+    from envbisect.transport import Transport
+
+from envbisect.agent import loadlook
+from envbisect.model.errors import TransportError
 
 # Other processes taking this much CPU on average (in cores) make a sample contended: on
 # a 2-core box, half a core elsewhere already moves the tiny preset (benchmarks/RESULTS.md).
 CONTENDED_CORES = 0.5
 # A process named in the warning takes at least this much of a core.
 NAMED_CORES = 0.25
-_PROC = Path("/proc")
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,16 @@ class Contention:
         return out
 
     @classmethod
+    def of_look(cls, d: Mapping[str, Any]) -> Contention:
+        """A reading from ``agent.loadlook.look`` (here or on a target)."""
+        top = tuple(
+            Busy(int(b["pid"]), str(b["name"]), float(b["cores"]))
+            for b in d.get("top") or ()
+            if isinstance(b, Mapping)
+        )
+        return replace(cls.from_dict(d), top=top)
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Contention:
         return cls(
             cores=int(d.get("cores") or 1),
@@ -100,85 +110,19 @@ class Contention:
         )
 
 
-def _hz() -> int:
-    try:
-        return int(os.sysconf("SC_CLK_TCK"))
-    except (ValueError, OSError, AttributeError):
-        return 100
-
-
-def _busy_s() -> float | None:
-    """CPU seconds all processes have been busy since boot (``/proc/stat``'s first line)."""
-    try:
-        first = (_PROC / "stat").read_text(encoding="ascii").split("\n", 1)[0]
-        fields = [int(x) for x in first.split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields) - idle) / _hz()
-
-
-def _ours_s() -> float:
-    """CPU seconds of this process and of its children that have been waited for."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
-
-
-def _load1() -> float | None:
-    try:
-        return float((_PROC / "loadavg").read_text(encoding="ascii").split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def usable_cores() -> int:
     """The CPUs this process may run on (its affinity)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _parent(pid: int) -> int | None:
-    proc = read_stat(pid, str(_PROC))
-    return None if proc is None else proc.ppid
+    return int(loadlook.usable_cores())
 
 
 def is_ours(pid: int, me: int | None = None) -> bool:
     """True when ``pid`` is this process or one of its descendants."""
-    me = os.getpid() if me is None else me
-    seen = 0
-    while pid and pid > 1 and seen < 64:
-        if pid == me:
-            return True
-        parent = _parent(pid)
-        if parent is None:
-            return False
-        pid, seen = parent, seen + 1
-    return False
+    return bool(loadlook.is_ours(pid, me))
 
 
 def gpu_others() -> tuple[str, ...]:
     """Other processes on a GPU (``pid N name``), per nvidia-smi; () without one."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return ()
-    try:
-        proc = subprocess.run(
-            [exe, "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    out = []
-    for line in proc.stdout.splitlines():
-        pid_s, _, name = line.partition(",")
-        if pid_s.strip().isdigit() and not is_ours(int(pid_s)):
-            out.append(f"pid {pid_s.strip()} {os.path.basename(name.strip())}")
-    return tuple(out)
+    return tuple(loadlook.gpu_others())
 
 
 @dataclass(frozen=True)
@@ -191,66 +135,48 @@ class Window:
 
     @classmethod
     def start(cls) -> Window:
-        return cls(time.monotonic(), _busy_s(), _ours_s())
+        return cls(time.monotonic(), loadlook.busy_s(), loadlook.ours_s())
 
     def others_cores(self) -> float | None:
-        busy = _busy_s()
+        busy = loadlook.busy_s()
         wall = time.monotonic() - self.t0
         if busy is None or self.busy0 is None or wall <= 0:
             return None
-        return max(0.0, (busy - self.busy0 - (_ours_s() - self.ours0)) / wall)
+        return max(0.0, (busy - self.busy0 - (loadlook.ours_s() - self.ours0)) / wall)
 
     def finish(self, *, gpus: bool = True) -> Contention:
         """What other processes took since ``start`` (GPU users as seen now)."""
         return Contention(
             cores=usable_cores(),
             others_cores=self.others_cores(),
-            load1=_load1(),
+            load1=loadlook.load1(),
             gpu_others=gpu_others() if gpus else (),
         )
 
 
-def _process_cpu() -> dict[int, tuple[str, float]]:
-    """pid → (name, CPU seconds) of every process we may read."""
-    out: dict[int, tuple[str, float]] = {}
-    hz = _hz()
-    try:
-        entries = [e for e in os.listdir(_PROC) if e.isdigit()]
-    except OSError:
-        return out
-    for entry in entries:
-        proc = read_stat(int(entry), str(_PROC))
-        if proc is not None:
-            out[proc.pid] = (proc.comm, (proc.utime + proc.stime) / hz)
-    return out
-
-
 def probe(seconds: float = 0.5, min_cores: float = NAMED_CORES) -> Contention:
-    """A short look at the machine now, naming the other processes that took at least
+    """A short look at this machine now, naming the other processes that took at least
     ``min_cores`` (busiest first; the warning names three)."""
-    window = Window.start()
-    before = _process_cpu()
-    time.sleep(seconds)  # the window measured: CPU time accrues in it
-    after = _process_cpu()
-    reading = window.finish()
-    wall = max(time.monotonic() - window.t0, 1e-6)
-    me = os.getpid()
-    top = []
-    for pid, (name, cpu) in after.items():
-        was = before.get(pid)
-        if was is None or pid == me:
-            continue
-        cores = (cpu - was[1]) / wall
-        if cores >= min_cores and not is_ours(pid, me):
-            top.append(Busy(pid, name, cores))
-    top.sort(key=lambda b: -b.cores)
-    return Contention(
-        cores=reading.cores,
-        others_cores=reading.others_cores,
-        load1=reading.load1,
-        gpu_others=reading.gpu_others,
-        top=tuple(top),
-    )
+    return Contention.of_look(loadlook.look(seconds, min_cores))
+
+
+def remote_probe(
+    transport: Transport, python: str, log_dir: Path, seconds: float = 0.5
+) -> Contention | None:
+    """The same look taken on the target through ``transport`` (the agent reads the
+    target's /proc, not this machine's); None when the target cannot be asked."""
+    try:
+        look = transport.run_agent(
+            python,
+            "envbisect.agent.loadlook",
+            {"seconds": seconds, "min_cores": NAMED_CORES},
+            timeout_s=30 + seconds,
+            log_dir=log_dir,
+            name="load",
+        )
+    except TransportError:
+        return None
+    return Contention.of_look(look)
 
 
 def busy_warning(reading: Contention) -> str | None:

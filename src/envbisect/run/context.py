@@ -44,7 +44,7 @@ def cpu_threads(
     6-30x (benchmarks/RESULTS.md, issue 23). Decided once, the same for every state, and
     said; never where a state sets a thread count itself. Returns the note, or None."""
     want = options.cpu_threads
-    if want == "off" or options.smoke.builtin or options.transport.layers:
+    if want == "off" or options.smoke.builtin:
         return None
     moved = sorted(
         {c.key for u in diff.units for c in u.changes if c.section == "env"} & set(THREAD_VARS)
@@ -56,7 +56,9 @@ def cpu_threads(
             else None
         )
     if want == "auto":
-        mine = [v for v in THREAD_VARS if v in os.environ]
+        # The target's own setting stands: this shell's, or the recorded one of a remote.
+        env = bad.section("env") if options.transport.layers else os.environ
+        mine = [v for v in THREAD_VARS if v in env]
         gpus = (bad.section("gpu") or {}).get("devices")
         if reading is None or mine or gpus or not reading.contended:
             return None
@@ -73,6 +75,14 @@ def cpu_threads(
         why = "--cpu-threads"
     actuator.base_env = {**os.environ, **dict.fromkeys(THREAD_VARS, str(n))}
     return f"every trial runs with OMP_NUM_THREADS={n} and MKL_NUM_THREADS={n} ({why})"
+
+
+def _look(options: RunOptions, session: Session) -> contention.Contention | None:
+    """The machine's load at the start: this one's, or the target's through its layers
+    (the agent reads the target's /proc); None when the target could not be asked."""
+    if not options.transport.layers:
+        return contention.probe()
+    return contention.remote_probe(options.transport, options.python, session.root / "load")
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,7 @@ class RunContext:
             notes = (*notes, cd)
         for note in notes:
             progress(f"note: {note}")
-        reading = None if options.transport.layers else contention.probe()
+        reading = _look(options, session)
         busy = None if reading is None else contention.busy_warning(reading)
         if busy is not None:  # said once; each trial's samples are flagged on their own
             progress(f"warning: {busy}")
