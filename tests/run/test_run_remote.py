@@ -435,3 +435,46 @@ def test_the_targets_own_load_is_read_there_warned_and_sizes_the_threads(
     assert f"pid {busy.pid} " in res.output
     assert "every trial runs with OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1" in res.output
     assert any(n.startswith("at the start: 1 of") for n in doc["notes"]), doc["notes"]
+
+
+def test_without_python_the_recorded_interpreter_is_used_when_the_target_has_it(
+    tmp_path: Path,
+    sshd_server: SshServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    """Issue 47: through --via, a run that names no --python uses the interpreter the bad
+    manifest recorded, checked by running it there; one the target lacks is said in one
+    line before anything runs."""
+    sc = Scenario(tmp_path)
+    sc.venv("ebwork==1.0")
+    git = sc.git_entry(sc.commits[0])
+    version = ".".join(map(str, sys.version_info[:3]))
+    python = {"executable": sc.python, "version": version}
+    sc.write(
+        good={"env": {}, "git": git, "python": python},
+        bad={"env": {"EB_SLOW": str(SLOWDOWN)}, "git": git, "python": python},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    argv = [
+        "run", "--config", str(sc.config), "--session", str(sc.tmp / "session"),
+        "--bad", str(sc.bad), *_chain(sc, sshd_server), "--until-ktoks", _threshold(sc),
+        "--report", str(tmp_path / "r.md"), "--", "python", str(sc.repo / "train.py"),
+    ]  # fmt: skip
+    res = CliRunner().invoke(cli, argv, standalone_mode=False, catch_exceptions=False)
+    assert res.return_value == 0, res.output
+    assert f"--python {sc.python}" in (tmp_path / "r.md").read_text()
+    gone = {"executable": str(tmp_path / "gone" / "bin" / "python"), "version": version}
+    sc.write(
+        good={"env": {}, "git": git, "python": gone},
+        bad={"env": {"EB_SLOW": str(SLOWDOWN)}, "git": git, "python": gone},
+        loose_good=b"a\n",
+        loose_bad=b"a\n",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "envbisect", *argv], capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert f"the interpreter {sc.bad} recorded ({gone['executable']}) does not run" in line
+    assert "give --python PATH" in line

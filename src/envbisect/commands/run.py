@@ -467,9 +467,33 @@ def _interpreter(args: RunFlags, transport: Transport, py: str, good: Path | Non
     local = not transport.layers
     bad = Path(args.bad) if args.bad else None
     # With --good-as-of the good manifest is not written yet: the bad one tells.
-    if args.python is None and args.target_name is None and local and (good or bad):
-        py = interpreter.recorded(good or Path(), bad) or py
+    if args.python is None and args.target_name is None and (good or bad):
+        if local:
+            py = interpreter.recorded(good or Path(), bad) or py
+        else:
+            py = _recorded_on_target(transport, bad or good or Path()) or py
     return interpreter.resolve_given(py, local=local)
+
+
+def _recorded_on_target(transport: Transport, manifest: Path) -> str | None:
+    """Through layers: the interpreter ``manifest`` recorded when the target still has it
+    (checked there, by running it); UsageError when it is gone; None when none is recorded."""
+    import tempfile
+
+    from envbisect.model import interpreter
+    from envbisect.model.errors import UsageError
+
+    exe = interpreter.recorded_path(manifest)
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="envbisect-python-") as logs:
+        res = transport.run([exe, "-c", "pass"], timeout_s=60, log_dir=Path(logs), name="python")
+    if res.returncode != 0:
+        raise UsageError(
+            f"no --python given and the interpreter {manifest} recorded ({exe}) does not run "
+            f"on the target ({transport.describe()}): give --python PATH"
+        )
+    return exe
 
 
 def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:

@@ -39,15 +39,22 @@ def recorded(good: Path, bad: Path | None) -> str | None:
     return recorded_in(path, f"the {side} manifest")
 
 
-def recorded_in(path: Path, what: str) -> str | None:
-    """The interpreter manifest ``path`` recorded, checked to exist here (``what`` names the
-    manifest in the UsageError); None when it records no interpreter path."""
+def recorded_path(path: Path) -> str | None:
+    """The absolute interpreter path manifest ``path`` recorded (``python.executable``, else
+    ``meta.target.python``), unchecked; None when it records none (written by hand)."""
     m = mf.load(path)
     exe = m.section("python").get("executable")
     if not isinstance(exe, str) or not exe:
         target = m.section("meta").get("target")
         exe = target.get("python") if isinstance(target, dict) else None
-    if not isinstance(exe, str) or not os.path.isabs(exe):
+    return exe if isinstance(exe, str) and os.path.isabs(exe) else None
+
+
+def recorded_in(path: Path, what: str) -> str | None:
+    """The interpreter manifest ``path`` recorded, checked to exist here (``what`` names the
+    manifest in the UsageError); None when it records no interpreter path."""
+    exe = recorded_path(path)
+    if exe is None:
         return None  # a hand-written manifest: the caller's default applies
     if not os.access(exe, os.X_OK):
         raise UsageError(
