@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from envbisect.search.recheck import LoadCheck
+from envbisect.search.recheck import PAIRED_ROUNDS, LoadCheck, Paired
 from envbisect.search.result import Evidence
 from envbisect.search.samples import SampleCache
 from envbisect.search.scheduler import Scheduler
@@ -73,7 +73,21 @@ class Confirmation:
         if self.find_all:
             return []
         failure = self.cache[remainder].failure
-        return [say(Say.OTHERS_FAIL, failure=failure) if failure else say(Say.OTHERS_SLOW)]
+        if failure:
+            return [say(Say.OTHERS_FAIL, failure=failure)]
+        pair = self.load.paired(remainder)
+        if pair is not None and pair.ratio() >= self._bar(pair):
+            return [self._drifted("other changes slow it down too", pair)]
+        return [say(Say.OTHERS_SLOW)]
+
+    def _bar(self, pair: Paired) -> float:
+        """The share of the good state's speed the threshold asks for (from the earlier
+        good median; paired, the good state measured now stands for it)."""
+        value = self.scheduler.threshold.value
+        return value / pair.before if value and pair.before > 0 else 1.0
+
+    def _drifted(self, claim: str, pair: Paired) -> Reason:
+        return say(Say.DRIFTED, claim=claim, before=pair.before, now=pair.now, other=pair.other)
 
     def shortfall(self, restored: State) -> list[Reason]:
         """A note when reverting the culprits is fast enough but clearly short of good."""
@@ -85,4 +99,9 @@ class Confirmation:
         se = math.hypot(noise.median_se(len(got.samples)), noise.median_se(len(good.samples)))
         if gap <= max(0.05, 2.5 * se):
             return []
+        pair = self.load.paired(restored)
+        if pair is not None and math.log(max(pair.now, 1e-12)) - math.log(
+            max(pair.other, 1e-12)
+        ) <= max(0.05, 2.5 * noise.median_se(PAIRED_ROUNDS)):
+            return [self._drifted("smaller slowdowns stay", pair)]
         return [say(Say.SHORTFALL, got=median(got.samples), good=median(good.samples))]

@@ -3,11 +3,31 @@ load (``SearchSettings.recheck_loaded``): a busy moment makes any state look slo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from envbisect.search.samples import Record, SampleCache
 from envbisect.search.scheduler import Scheduler
 from envbisect.search.state import State
 from envbisect.search.verdict import Verdict, median
 from envbisect.search.wording import Reason, Say, say
+
+# Rounds of a paired measurement: good, other, good, other (as Chromium's Pinpoint
+# alternates A and B): a change in the machine's speed falls on both alike.
+PAIRED_ROUNDS = 2
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A good state and another measured back to back: the good state's median before
+    (``before``) and in the pair (``now``), the other's in the pair (``other``)."""
+
+    before: float
+    now: float
+    other: float
+
+    def ratio(self) -> float:
+        """The other's speed as a share of the good state's, measured together."""
+        return self.other / self.now if self.now > 0 else 0.0
 
 
 class LoadCheck:
@@ -27,6 +47,33 @@ class LoadCheck:
         self.enabled = enabled
         self.rechecked: set[State] = set()  # measured again, once each
         self.notes: list[Reason] = []
+
+    def seen(self) -> bool:
+        """Whether any sample of this run was taken while other processes loaded it."""
+        return any(any(r.contended) for r in self.cache)
+
+    def paired(self, other: State) -> Paired | None:
+        """With load seen in this run: the good state and ``other`` measured again, one
+        after the other, ``PAIRED_ROUNDS`` times; their fresh medians (both records keep the
+        samples, as a recheck's do). None when load was never seen, or a side failed."""
+        good = self.cache.get(State.of(()))
+        rec = self.cache.get(other)
+        if not self.seen() or good is None or rec is None or good.failure or rec.failure:
+            return None
+        if not good.samples:
+            return None
+        before = median(good.samples)
+        fresh: dict[int, list[float]] = {id(good): [], id(rec): []}
+        for _ in range(PAIRED_ROUNDS):
+            for r in (good, rec):
+                n = len(r.samples)
+                self.cache.call(r, 1)
+                fresh[id(r)] += r.samples[n:]
+                if r.failure:
+                    return None
+        if not fresh[id(good)] or not fresh[id(rec)]:
+            return None
+        return Paired(before, median(fresh[id(good)]), median(fresh[id(rec)]))
 
     def load_varied(self) -> bool:
         """Whether some samples of this run were taken without other processes' load: only

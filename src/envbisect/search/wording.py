@@ -49,6 +49,7 @@ class Say(str, Enum):
     OTHERS_FAIL = "others-fail"
     OTHERS_SLOW = "others-slow"
     SHORTFALL = "shortfall"
+    DRIFTED = "drifted"
     ANOTHER_CAUSE = "another-cause"
     # why the endpoints do not show the regression
     UNFAITHFUL = "unfaithful"
@@ -264,6 +265,12 @@ SENTENCES: dict[Say, Callable[..., str]] = {
     Say.OTHERS_SLOW: lambda: (
         "reverting it alone does not restore speed: other changes slow it "
         "down too (--find-all isolates them)"
+    ),
+    Say.DRIFTED: lambda claim, before, now, other: (
+        f"not said that {claim}: measured again beside the good state (paired, back to "
+        f"back) it does not hold; the machine's speed moved under other processes' load "
+        f"(the good state {ktok(before)} earlier, {ktok(now)} now, everything but the "
+        f"culprits {ktok(other)} beside it): run again on a quiet machine to decide it"
     ),
     Say.SHORTFALL: lambda got, good: (
         f"reverting it brings back {ktok(got)}, not the good state's "
