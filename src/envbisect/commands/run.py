@@ -549,10 +549,14 @@ def _session_reports(result: RunResult) -> None:
         return
     md = result.session / "report.md"
     if _can_draw():
-        atomic_write_text(md, terminal(html.markdown_with_pictures(result, md)))
-        atomic_write_text(result.session / "report.html", html.run_html(result))
-    else:
-        atomic_write_text(md, terminal(report.render_markdown(result)))
+        try:
+            atomic_write_text(md, terminal(html.markdown_with_pictures(result, md)))
+            atomic_write_text(result.session / "report.html", html.run_html(result))
+            return
+        except (ImportError, OSError, RuntimeError, ValueError) as exc:
+            # The session's own pictures are an extra: a broken matplotlib costs them only.
+            click.echo(f"note: the session's report is written without pictures ({exc})", err=True)
+    atomic_write_text(md, terminal(report.render_markdown(result)))
 
 
 def _cpu_threads(value: str) -> str:
