@@ -95,6 +95,7 @@ def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path:
     """Both sides are real snapshots; the user then upgraded a package and touched a file."""
     from envbisect.model import manifest as mf
     from envbisect.model.config import Config
+    from envbisect.model.trust import sign
     from envbisect.snapshot import take_snapshot
     from envbisect.transport import Transport
     from tests.helpers_run import install
@@ -116,7 +117,8 @@ def test_package_culprit_against_a_fresh_snapshot_of_the_current_state(tmp_path:
         )
     )
     config = Config.load(sc.config)
-    mf.save(take_snapshot(config, Transport(), sc.python, label="good"), sc.mdir / "good.yaml")
+    good = sign(take_snapshot(config, Transport(), sc.python, label="good"))  # as snapshot -o
+    mf.save(good, sc.mdir / "good.yaml")
     # What the user did since: upgrade ebwork (slow), remove ebonly, edit the loose file.
     install(sc.target, sc.wheels, "ebwork==3.0")
     subprocess.run(
