@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -431,10 +432,12 @@ def test_the_targets_own_load_is_read_there_warned_and_sizes_the_threads(
     cores = os.cpu_count() or 1
     if cores > 2:
         pytest.skip(f"one busy core of {cores} is under the warning's bar")
-    assert f"warning: 1 of {cores} cores is" in res.output, res.output
-    assert f"pid {busy.pid} " in res.output
-    assert "every trial runs with OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1" in res.output
-    assert any(n.startswith("at the start: 1 of") for n in doc["notes"]), doc["notes"]
+    # The target's /proc names the busy process (this machine's other work may add to it).
+    warned = re.search(r"warning: (\d) of \d cores (?:is|are) \d+% busy \((.*)\)", res.output)
+    assert warned is not None, res.output
+    assert f"pid {busy.pid} " in warned.group(2), res.output
+    assert re.search(r"every trial runs with OMP_NUM_THREADS=1 and MKL_NUM_THREADS=1", res.output)
+    assert any(n.startswith("at the start: ") for n in doc["notes"]), doc["notes"]
 
 
 def test_without_python_the_recorded_interpreter_is_used_when_the_target_has_it(
