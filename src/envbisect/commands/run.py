@@ -507,30 +507,28 @@ def _run_bisect(options: RunOptions, say: Callable[[str], None]) -> RunResult:
 
 
 def _write_outputs(result: RunResult, json_path: str | None, report_path: str | None) -> None:
-    """``--json`` (``-``: stdout) and ``--report``."""
+    """``--json`` (``-``: stdout), ``--report`` and the session's own reports; the pictures
+    are drawn once for all of them."""
     from envbisect.model.escape import terminal
     from envbisect.model.paths import atomic_write_text
-    from envbisect.render import report
+    from envbisect.render import html, report
 
     if json_path == "-":
         sys.stdout.write(report.render_json(result))
     elif json_path:
         atomic_write_text(Path(json_path), report.render_json(result))
+    page = report_path is not None and Path(report_path).suffix.lower() in (".html", ".htm")
+    svgs = html.run_svgs(result) if page else _session_svgs(result)
     if report_path:
-        atomic_write_text(Path(report_path), terminal(_report_text(result, Path(report_path))))
-    _session_reports(result)
-
-
-def _report_text(result: RunResult, path: Path) -> str:
-    """``--report``: a page with pictures for ``.html``; else markdown, with its pictures
-    beside it when matplotlib is there."""
-    from envbisect.render import html, report
-
-    if path.suffix.lower() in (".html", ".htm"):
-        return html.run_html(result)
-    if not _can_draw():
-        return report.render_markdown(result)
-    return html.markdown_with_pictures(result, path)
+        path = Path(report_path)
+        if page:
+            text = html.run_html(result, svgs or {})
+        elif svgs is None:
+            text = report.render_markdown(result)
+        else:
+            text = html.markdown_with_pictures(result, path, svgs)
+        atomic_write_text(path, terminal(text))
+    _session_reports(result, svgs)
 
 
 def _can_draw() -> bool:
@@ -539,8 +537,22 @@ def _can_draw() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _session_reports(result: RunResult) -> None:
-    """The session's own ``report.md`` and, when matplotlib is there, ``report.html``."""
+def _session_svgs(result: RunResult) -> dict[str, str] | None:
+    """The run's pictures when matplotlib is there and draws; None (said once) when not:
+    beside a markdown report and in the session they are an extra."""
+    from envbisect.render import html
+
+    if not _can_draw():
+        return None
+    try:
+        return html.run_svgs(result)
+    except (ImportError, OSError, RuntimeError, ValueError) as exc:
+        click.echo(f"note: the session's report is written without pictures ({exc})", err=True)
+        return None
+
+
+def _session_reports(result: RunResult, svgs: dict[str, str] | None) -> None:
+    """The session's own ``report.md`` and, with pictures, ``report.html``."""
     from envbisect.model.escape import terminal
     from envbisect.model.paths import atomic_write_text
     from envbisect.render import html, report
@@ -548,15 +560,11 @@ def _session_reports(result: RunResult) -> None:
     if not result.session.is_dir():
         return
     md = result.session / "report.md"
-    if _can_draw():
-        try:
-            atomic_write_text(md, terminal(html.markdown_with_pictures(result, md)))
-            atomic_write_text(result.session / "report.html", html.run_html(result))
-            return
-        except (ImportError, OSError, RuntimeError, ValueError) as exc:
-            # The session's own pictures are an extra: a broken matplotlib costs them only.
-            click.echo(f"note: the session's report is written without pictures ({exc})", err=True)
-    atomic_write_text(md, terminal(report.render_markdown(result)))
+    if svgs is None:
+        atomic_write_text(md, terminal(report.render_markdown(result)))
+        return
+    atomic_write_text(md, terminal(html.markdown_with_pictures(result, md, svgs)))
+    atomic_write_text(result.session / "report.html", html.run_html(result, svgs))
 
 
 def _cpu_threads(value: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from envbisect.agent.redact import redact_text
 from envbisect.model.escape import printable, terminal
 from envbisect.model.metric import figure_unit
+from envbisect.model.paths import atomic_write_text
 from envbisect.model.session import Session
 from envbisect.model.units import shown
 from envbisect.render import pictures
@@ -78,12 +79,17 @@ def _scale() -> float:
     return 1e-3 if shown().tokens else 1.0
 
 
-def run_html(result: RunResult) -> str:
-    """``run --report FILE.html``: the whole report, drawn."""
+def run_svgs(result: RunResult) -> dict[str, str]:
+    """The run's pictures, drawn once for every report that shows them."""
+    return pictures.all_svgs(figures_of(result))
+
+
+def run_html(result: RunResult, svgs: Mapping[str, str]) -> str:
+    """``run --report FILE.html``: the whole report with ``svgs`` (``run_svgs``)."""
     return page(
         "envbisect run",
         [line.strip() for line in summary_lines(result)],
-        pictures.all_svgs(figures_of(result)),
+        svgs,
         render_markdown(result),
     )
 
@@ -109,16 +115,14 @@ def log_html(session: Session) -> str:
                 log_table(session))  # fmt: skip
 
 
-def markdown_with_pictures(result: RunResult, report: Path) -> str:
-    """The markdown report, with its pictures written beside ``report`` as SVG files
-    (``<stem>-samples.svg`` ...) and shown by an image link each (a pasted report whose
-    files are attached still shows them)."""
+def markdown_with_pictures(result: RunResult, report: Path, svgs: Mapping[str, str]) -> str:
+    """The markdown report, with ``svgs`` (``run_svgs``) written beside ``report`` as SVG
+    files (``<stem>-samples.svg`` ...) and shown by an image link each (a pasted report
+    whose files are attached still shows them)."""
     text = render_markdown(result)
     lines = ["", "### Pictures", ""]
-    for name, svg in pictures.all_svgs(figures_of(result)).items():
+    for name, svg in svgs.items():
         path = report.with_name(f"{report.stem}-{name}.svg")
-        from envbisect.model.paths import atomic_write_text
-
         atomic_write_text(path, svg)
         lines.append(f"![{TITLES.get(name, name)}]({path.name})")
     return text + "\n".join(lines) + "\n"
