@@ -17,7 +17,6 @@ Times are POSIX seconds (UTC).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import glob
 import hashlib
@@ -25,7 +24,7 @@ import os
 import re
 import sys
 
-from envbisect.agent.channel import blob_store
+from envbisect.agent.channel import blob_store, keep_bytes
 from envbisect.agent.collect_common import (
     Collector,
     Timeout,
@@ -146,7 +145,7 @@ def _files_at(c, repo, top, sha, files, keep_blobs, blobs):
         digest = hashlib.sha256(data).hexdigest()
         blob = None
         if keep_blobs and len(data) <= keep_blobs:
-            blobs[digest] = base64.b64encode(data).decode("ascii")
+            keep_bytes(blobs, digest, data)
             blob = digest
         out[path] = {"sha256": digest, "size": len(data), "blob": blob}
     return out

@@ -172,6 +172,15 @@ class BlobStream:
         return 0
 
 
+def keep_bytes(blobs, sha, data):
+    """Put ``data`` into ``blobs`` (a :class:`BlobStream` streams it as it is, a dict takes
+    its base64)."""
+    if isinstance(blobs, BlobStream):
+        blobs.send_bytes(sha, data)
+    else:
+        blobs[sha] = base64.b64encode(data).decode("ascii")
+
+
 def blob_store(have=()):
     """Where an agent puts the content it keeps: a :class:`BlobStream` inside a channel, a
     plain ``sha256 -> base64`` dict when called in-process (no channel is open)."""

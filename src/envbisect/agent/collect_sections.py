@@ -4,7 +4,6 @@ git, ``files:`` and datasets (stdlib only, Python 3.8+ syntax; shipped with
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import glob
 import hashlib
@@ -12,6 +11,7 @@ import os
 import re
 import sys
 
+from envbisect.agent.channel import keep_bytes
 from envbisect.agent.collect_common import (
     Timeout,
     data_dir,
@@ -374,7 +374,7 @@ def collect_files(c, blobs):
                     data = fh.read()
                 withheld = secret_in_content(data)
                 if withheld is None and hashlib.sha256(data).hexdigest() == sha:
-                    blobs[sha] = base64.b64encode(data).decode("ascii")  # unchanged meanwhile
+                    keep_bytes(blobs, sha, data)  # unchanged while we looked
                     blob = sha
             out[key] = {"sha256": sha, "size": size, "blob": blob}
             if withheld:
